@@ -1,1 +1,38 @@
-//! placeholder
+//! Evaluation harness for EASD: the paper's comparison, with the statistics its reviewers asked for.
+//!
+//! * [`run_eval`] runs a GSM8K-format JSONL benchmark through a [`Generator`] (the coordinator over gRPC, or a fake)
+//!   for several variants — `draft`, `target`, `sd`, `easd` by default — with the same prompts, seeds and sampling,
+//!   extracts the final number ([`extract_answer`]) and appends one scored line per problem × variant to a results
+//!   file that a rerun resumes ([`ResultsFile`]).
+//! * [`summarize`] / [`write_report`] turn results into accuracy with 95% Wilson intervals, exact McNemar p-values
+//!   for every pair of variants (Holm-adjusted too), wall-clock tokens/s, acceptance, EASD trigger statistics and
+//!   draft / target / discarded token counts, as Markdown, JSON and SVG plots.
+//! * [`run_calibration`] measures per-token entropies of both models (teacher-forced on reference solutions) and
+//!   writes a [`CalibrationFile`] with percentiles and recommended thresholds.
+//! * [`run_sweep`] evaluates a grid of EASD parameters (τ percentile × ρ × N) on a development slice.
+//!
+//! The statistics are pure functions in [`stats`], checked against known values.
+
+mod dataset;
+mod error;
+mod extract;
+mod generator;
+mod plots;
+mod progress;
+mod report;
+mod results;
+mod run;
+pub mod stats;
+
+pub use dataset::{Problem, load_problems, sample_indices, slice, solution_text};
+pub use error::{BoxError, Error, Result};
+pub use extract::{AnswerSource, ExtractedAnswer, answers_match, extract_answer, parse_number, reference_answer};
+pub use generator::{
+    ChatMessage, EasdOrder, EasdSettings, EvalRequest, Generation, GenerationSummary, Generator, Mode, Sampling,
+    Trigger,
+};
+pub use plots::{EntropyPanel, SweepSeries, accuracy_plot, entropy_plot, sweep_plot};
+pub use progress::{BarProgress, NoProgress, Progress};
+pub use report::{PairTest, Report, ReportContext, VariantStats, render_markdown, summarize};
+pub use results::{ResultRecord, ResultsFile, read_results};
+pub use run::{EvalConfig, EvalRun, PromptTemplate, Variant, run_eval, run_problems};

@@ -1,0 +1,316 @@
+//! Running a benchmark through a [`Generator`]: every problem × variant, resumable, with bounded concurrency.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use futures::StreamExt;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::dataset::{Problem, load_problems, slice};
+use crate::error::{Error, Result};
+use crate::extract::{answers_match, extract_answer};
+use crate::generator::{ChatMessage, EasdSettings, EvalRequest, Generator, Mode, Sampling};
+use crate::progress::Progress;
+use crate::results::{ResultRecord, ResultsFile};
+
+/// How a question becomes chat messages. `{question}` in `user` is replaced by the problem text.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PromptTemplate {
+    pub system: Option<String>,
+    pub user: String,
+}
+
+impl Default for PromptTemplate {
+    /// Asks for step-by-step reasoning and a final "The answer is N." line, which the extractor reads first after
+    /// `\boxed{}` and `####`.
+    fn default() -> Self {
+        PromptTemplate {
+            system: None,
+            user: "Solve the following math problem step by step. End your response with a line of the form \
+                   \"The answer is N.\" where N is the final number.\n\nQuestion: {question}"
+                .into(),
+        }
+    }
+}
+
+impl PromptTemplate {
+    pub fn messages(&self, question: &str) -> Vec<ChatMessage> {
+        let mut out = Vec::with_capacity(2);
+        if let Some(system) = &self.system {
+            out.push(ChatMessage {
+                role: "system".into(),
+                content: system.clone(),
+            });
+        }
+        out.push(ChatMessage {
+            role: "user".into(),
+            content: self.user.replace("{question}", question),
+        });
+        out
+    }
+}
+
+/// One arm of a comparison: a mode with its EASD settings, under a label unique within a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Variant {
+    /// "draft", "target", "sd", "easd", or a sweep point such as "easd-p90-rho0.6-n5".
+    pub label: String,
+    pub mode: Mode,
+    /// Ignored (and not hashed) unless `mode` is `Easd`.
+    pub easd: EasdSettings,
+}
+
+impl Variant {
+    /// The variant of a plain mode, labelled by its name.
+    pub fn of_mode(mode: Mode, easd: &EasdSettings) -> Variant {
+        Variant {
+            label: mode.name().to_string(),
+            mode,
+            easd: if mode == Mode::Easd { easd.clone() } else { EasdSettings::default() },
+        }
+    }
+
+    /// Hex prefix of a SHA-256 over everything that shapes this variant's outputs: mode, EASD settings, sampling,
+    /// block size, token budget and prompt template. Results with another hash are not reused.
+    pub fn settings_hash(&self, config: &EvalConfig) -> String {
+        #[derive(Serialize)]
+        struct Hashed<'a> {
+            mode: Mode,
+            easd: &'a EasdSettings,
+            sampling: &'a Sampling,
+            k: u32,
+            max_tokens: u32,
+            prompt: &'a PromptTemplate,
+        }
+        let hashed = Hashed {
+            mode: self.mode,
+            easd: &self.easd,
+            sampling: &config.sampling,
+            k: config.k,
+            max_tokens: config.max_tokens,
+            prompt: &config.prompt,
+        };
+        // Serializing plain data to a string cannot fail.
+        let json = serde_json::to_string(&hashed).unwrap_or_default();
+        hex::encode(&Sha256::digest(json.as_bytes())[..8])
+    }
+}
+
+/// Everything `easd eval` needs besides the backend.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalConfig {
+    /// JSONL benchmark (GSM8K format).
+    pub dataset: PathBuf,
+    /// Results JSONL (appended; resumable).
+    pub results: PathBuf,
+    pub variants: Vec<Variant>,
+    pub offset: usize,
+    pub limit: Option<usize>,
+    /// Requests in flight at once. 1 gives clean per-request wall-clock numbers; more finishes sooner.
+    pub concurrency: usize,
+    pub sampling: Sampling,
+    /// Block size.
+    pub k: u32,
+    pub max_tokens: u32,
+    pub prompt: PromptTemplate,
+    /// Extra attempts for a failed request before the run stops (finished lines stay; rerun to resume).
+    pub retries: u32,
+}
+
+impl EvalConfig {
+    /// Defaults: modes draft, target, sd, easd (coordinator's EASD defaults), greedy, seed 0, k 4, 1,024 tokens
+    /// (DESIGN §5: fewer truncates GSM8K answers), concurrency 1, 2 retries, the default prompt, every problem.
+    pub fn new(dataset: impl Into<PathBuf>, results: impl Into<PathBuf>) -> EvalConfig {
+        EvalConfig {
+            dataset: dataset.into(),
+            results: results.into(),
+            variants: Mode::ALL
+                .iter()
+                .map(|&m| Variant::of_mode(m, &EasdSettings::default()))
+                .collect(),
+            offset: 0,
+            limit: None,
+            concurrency: 1,
+            sampling: Sampling::default(),
+            k: 4,
+            max_tokens: 1024,
+            prompt: PromptTemplate::default(),
+            retries: 2,
+        }
+    }
+
+    /// Replaces the variants by one per mode, `easd` applying to the `easd` mode.
+    pub fn with_modes(mut self, modes: &[Mode], easd: &EasdSettings) -> EvalConfig {
+        self.variants = modes.iter().map(|&m| Variant::of_mode(m, easd)).collect();
+        self
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.variants.is_empty() {
+            return Err(Error::invalid("modes", "at least one mode is needed"));
+        }
+        for (i, v) in self.variants.iter().enumerate() {
+            if self.variants[..i].iter().any(|w| w.label == v.label) {
+                return Err(Error::invalid("variants", format!("label {:?} appears twice", v.label)));
+            }
+            v.easd.validate()?;
+        }
+        if self.concurrency == 0 {
+            return Err(Error::invalid("concurrency", "must be at least 1"));
+        }
+        if !(1..=32).contains(&self.k) {
+            return Err(Error::invalid("k", format!("must be in 1..=32, got {}", self.k)));
+        }
+        if self.max_tokens == 0 {
+            return Err(Error::invalid("max_tokens", "must be at least 1"));
+        }
+        if !self.prompt.user.contains("{question}") {
+            return Err(Error::invalid("prompt", "the user template must contain {question}"));
+        }
+        self.sampling.validate()
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalRun {
+    /// Every record of the run's problems and variants, resumed ones included, in (problem, variant) order.
+    pub records: Vec<ResultRecord>,
+    /// Generations made by this call.
+    pub generated: usize,
+    /// Generations skipped because the results file already had them.
+    pub resumed: usize,
+    /// Wall time of this call.
+    pub elapsed_s: f64,
+}
+
+/// Runs every selected problem through every variant (problem-major, so an interrupted run leaves complete pairs
+/// for most problems and drift in server load spreads over all modes), appending each scored result to
+/// `config.results` as it finishes. Already-present results are skipped. Stops at the first request that still
+/// fails after `config.retries` retries.
+pub async fn run_eval<G: Generator>(config: &EvalConfig, generator: &G, progress: &dyn Progress) -> Result<EvalRun> {
+    config.validate()?;
+    let problems = slice(load_problems(&config.dataset)?, config.offset, config.limit);
+    run_problems(config, &problems, generator, progress).await
+}
+
+/// [`run_eval`] on problems already loaded (used by the sweep and by tests).
+pub async fn run_problems<G: Generator>(
+    config: &EvalConfig,
+    problems: &[Problem],
+    generator: &G,
+    progress: &dyn Progress,
+) -> Result<EvalRun> {
+    config.validate()?;
+    let started = Instant::now();
+    let mut file = ResultsFile::open(&config.results)?;
+    let hashes: Vec<String> = config.variants.iter().map(|v| v.settings_hash(config)).collect();
+    let mut jobs = Vec::new();
+    let mut resumed = 0;
+    for problem in problems {
+        for (variant, hash) in config.variants.iter().zip(&hashes) {
+            if file.is_done(problem.index, &variant.label, hash) {
+                resumed += 1;
+            } else {
+                jobs.push((problem, variant, hash));
+            }
+        }
+    }
+    progress.start(jobs.len() + resumed, resumed);
+    let mut stream = futures::stream::iter(jobs)
+        .map(|(problem, variant, hash)| run_one(config, problem, variant, hash, generator))
+        .buffer_unordered(config.concurrency);
+    let mut generated = 0;
+    while let Some(record) = stream.next().await {
+        let record = record?;
+        progress.advance(&record);
+        file.append(record)?;
+        generated += 1;
+    }
+    progress.finish();
+    let wanted: std::collections::HashSet<(usize, &str, &str)> = problems
+        .iter()
+        .flat_map(|p| {
+            config
+                .variants
+                .iter()
+                .zip(&hashes)
+                .map(move |(v, h)| (p.index, v.label.as_str(), h.as_str()))
+        })
+        .collect();
+    let mut records: Vec<ResultRecord> = file
+        .records()
+        .iter()
+        .filter(|r| wanted.contains(&(r.problem, r.variant.as_str(), r.settings.as_str())))
+        .cloned()
+        .collect();
+    let order = |label: &str| config.variants.iter().position(|v| v.label == label);
+    records.sort_by_key(|r| (r.problem, order(&r.variant)));
+    Ok(EvalRun {
+        records,
+        generated,
+        resumed,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+async fn run_one<G: Generator>(
+    config: &EvalConfig,
+    problem: &Problem,
+    variant: &Variant,
+    hash: &str,
+    generator: &G,
+) -> Result<ResultRecord> {
+    let seed = config.sampling.seed.wrapping_add(problem.index as u64);
+    let request = EvalRequest {
+        messages: config.prompt.messages(&problem.question),
+        mode: variant.mode,
+        sampling: Sampling {
+            seed,
+            ..config.sampling.clone()
+        },
+        k: config.k,
+        easd: variant.easd.clone(),
+        max_tokens: config.max_tokens,
+        request_id: format!("eval-{}-{}-{hash}", problem.index, variant.label),
+    };
+    let mut attempt = 0;
+    let (generation, client_wall_s) = loop {
+        attempt += 1;
+        let started = Instant::now();
+        match generator.generate(&request).await {
+            Ok(g) => break (g, started.elapsed().as_secs_f64()),
+            Err(source) if attempt > config.retries => {
+                return Err(Error::Generation {
+                    problem: problem.index,
+                    mode: variant.label.clone(),
+                    attempts: attempt,
+                    source,
+                });
+            }
+            Err(_) => continue,
+        }
+    };
+    let answer = extract_answer(&generation.text);
+    let predicted = answer.as_ref().map(|a| a.value);
+    let correct = matches!((predicted, problem.expected), (Some(p), Some(e)) if answers_match(p, e));
+    let (draft_tokens, target_tokens) = generation.summary.token_sources(variant.mode);
+    Ok(ResultRecord {
+        problem: problem.index,
+        variant: variant.label.clone(),
+        mode: variant.mode,
+        settings: hash.to_string(),
+        seed,
+        expected: problem.expected,
+        predicted,
+        predicted_text: answer.as_ref().map(|a| a.text.clone()),
+        answer_source: answer.map(|a| a.source),
+        correct,
+        draft_tokens,
+        target_tokens,
+        client_wall_s,
+        output: generation.text,
+        summary: generation.summary,
+    })
+}

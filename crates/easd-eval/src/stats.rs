@@ -1,0 +1,221 @@
+//! The statistics the report needs, as pure functions checked against known values.
+
+/// z for a two-sided 95% interval (the 0.975 normal quantile).
+pub const Z_95: f64 = 1.959_963_984_540_054;
+
+/// A closed interval `[low, high]`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Interval {
+    pub low: f64,
+    pub high: f64,
+}
+
+/// Wilson score interval for `successes` out of `trials` at normal quantile `z` (use [`Z_95`]).
+/// Unlike the normal approximation it stays inside [0, 1] and behaves at 0/n and n/n. `trials == 0` gives [0, 1].
+pub fn wilson_interval(successes: u64, trials: u64, z: f64) -> Interval {
+    if trials == 0 {
+        return Interval { low: 0.0, high: 1.0 };
+    }
+    let n = trials as f64;
+    let p = successes.min(trials) as f64 / n;
+    let z2 = z * z;
+    let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    let half = z / (1.0 + z2 / n) * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
+    Interval {
+        low: (centre - half).max(0.0),
+        high: (centre + half).min(1.0),
+    }
+}
+
+/// Exact two-sided McNemar test on paired outcomes: `b` = pairs where only the first system was right, `c` = only
+/// the second. Under the null the discordant pairs split Binomial(b + c, 1/2); the p-value is
+/// min(1, 2·P(X ≤ min(b, c))). No discordant pairs gives 1.
+pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    (2.0 * binomial_cdf_half(b.min(c), n)).min(1.0)
+}
+
+/// P(X ≤ k) for X ~ Binomial(n, 1/2), summed in log space so large n neither underflows nor loses precision.
+fn binomial_cdf_half(k: u64, n: u64) -> f64 {
+    let ln_half_n = -(n as f64) * std::f64::consts::LN_2;
+    let mut ln_choose = 0.0; // ln C(n, 0)
+    let mut terms = Vec::with_capacity(k as usize + 1);
+    for i in 0..=k {
+        if i > 0 {
+            ln_choose += ((n - i + 1) as f64).ln() - (i as f64).ln();
+        }
+        terms.push(ln_choose + ln_half_n);
+    }
+    let max = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    max.exp() * terms.iter().map(|t| (t - max).exp()).sum::<f64>()
+}
+
+/// Holm–Bonferroni step-down adjustment of a family of p-values (same order as given), so that "significant" in a
+/// table with every pair of modes keeps its meaning.
+pub fn holm_adjust(p_values: &[f64]) -> Vec<f64> {
+    let m = p_values.len();
+    let mut order: Vec<usize> = (0..m).collect();
+    order.sort_by(|&a, &b| p_values[a].total_cmp(&p_values[b]));
+    let mut adjusted = vec![0.0; m];
+    let mut running: f64 = 0.0;
+    for (rank, &i) in order.iter().enumerate() {
+        running = running.max(((m - rank) as f64 * p_values[i]).min(1.0));
+        adjusted[i] = running;
+    }
+    adjusted
+}
+
+/// Percentile `p` (0..=100) of `sorted` (ascending) by linear interpolation between closest ranks (numpy's default).
+pub fn percentile_sorted(sorted: &[f32], p: f64) -> Option<f32> {
+    if sorted.is_empty() || !(0.0..=100.0).contains(&p) {
+        return None;
+    }
+    let rank = p / 100.0 * (sorted.len() - 1) as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    let frac = rank - lo as f64;
+    Some((sorted[lo] as f64 + (sorted[hi] as f64 - sorted[lo] as f64) * frac) as f32)
+}
+
+/// Pearson correlation of paired samples; `None` with fewer than two pairs or a constant side.
+pub fn pearson(xs: &[f32], ys: &[f32]) -> Option<f64> {
+    let n = xs.len().min(ys.len());
+    if n < 2 {
+        return None;
+    }
+    let mean = |v: &[f32]| v[..n].iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+    let (mx, my) = (mean(xs), mean(ys));
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for i in 0..n {
+        let (dx, dy) = (xs[i] as f64 - mx, ys[i] as f64 - my);
+        sxy += dx * dy;
+        sxx += dx * dx;
+        syy += dy * dy;
+    }
+    (sxx > 0.0 && syy > 0.0).then(|| sxy / (sxx * syy).sqrt())
+}
+
+/// Counts of samples in fixed-width bins starting at 0 (entropies are non-negative); the last bin takes everything
+/// at or above its lower edge.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Histogram {
+    pub bin_width: f32,
+    pub counts: Vec<u64>,
+}
+
+impl Histogram {
+    /// `bins` bins of `bin_width` (both must be positive; otherwise an empty histogram).
+    pub fn new(bin_width: f32, bins: usize) -> Histogram {
+        let ok = bin_width > 0.0 && bin_width.is_finite() && bins > 0;
+        Histogram {
+            bin_width: if ok { bin_width } else { 0.0 },
+            counts: if ok { vec![0; bins] } else { Vec::new() },
+        }
+    }
+
+    pub fn push(&mut self, x: f32) {
+        if self.counts.is_empty() || !x.is_finite() {
+            return;
+        }
+        let bin = ((x.max(0.0) / self.bin_width) as usize).min(self.counts.len() - 1);
+        self.counts[bin] += 1;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Probability density per bin (integrates to 1); all zeros when empty.
+    pub fn densities(&self) -> Vec<f64> {
+        let total = self.total();
+        self.counts
+            .iter()
+            .map(|&c| if total == 0 { 0.0 } else { c as f64 / (total as f64 * self.bin_width as f64) })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol
+    }
+
+    #[test]
+    fn wilson_matches_published_values() {
+        // 11/20: the target's GSM8K score in DESIGN §5.
+        let i = wilson_interval(11, 20, Z_95);
+        assert!(close(i.low, 0.342_085, 1e-5) && close(i.high, 0.741_802, 1e-5), "{i:?}");
+        // Values from statsmodels.stats.proportion.proportion_confint(method="wilson").
+        let i = wilson_interval(5, 20, Z_95);
+        assert!(close(i.low, 0.111_862, 1e-5) && close(i.high, 0.468_701, 1e-5), "{i:?}");
+        let i = wilson_interval(0, 10, Z_95);
+        assert!(close(i.low, 0.0, 1e-12) && close(i.high, 0.277_530, 1e-5), "{i:?}");
+        let i = wilson_interval(10, 10, Z_95);
+        assert!(close(i.low, 0.722_470, 1e-5) && close(i.high, 1.0, 1e-12), "{i:?}");
+        assert_eq!(wilson_interval(0, 0, Z_95), Interval { low: 0.0, high: 1.0 });
+    }
+
+    #[test]
+    fn mcnemar_exact_matches_the_binomial_test() {
+        // 2 * (1 + 10) / 1024
+        assert!(close(mcnemar_exact(1, 9), 0.021_484_375, 1e-12));
+        assert!(close(mcnemar_exact(9, 1), 0.021_484_375, 1e-12));
+        assert_eq!(mcnemar_exact(0, 0), 1.0);
+        assert_eq!(mcnemar_exact(5, 5), 1.0);
+        // 2 * 0.5^6
+        assert!(close(mcnemar_exact(0, 6), 0.031_25, 1e-12));
+        // scipy.stats.binomtest(30, 100).pvalue
+        assert!(close(mcnemar_exact(30, 70), 7.85_013_964_559_275_8e-5, 1e-9));
+        // Large n stays finite and tiny instead of underflowing to NaN.
+        let p = mcnemar_exact(1000, 2000);
+        assert!(p > 0.0 && p < 1e-70, "{p}");
+    }
+
+    #[test]
+    fn holm_adjustment_is_monotone_and_capped() {
+        let adj = holm_adjust(&[0.01, 0.04, 0.03, 0.5]);
+        // sorted 0.01, 0.03, 0.04, 0.5 -> 0.04, 0.09, 0.09 (monotone), 0.5
+        let want = [0.04, 0.09, 0.09, 0.5];
+        for (a, w) in adj.iter().zip(want) {
+            assert!(close(*a, w, 1e-12), "{adj:?}");
+        }
+        assert_eq!(holm_adjust(&[0.9, 0.8]), vec![1.0, 1.0]);
+    }
+
+    #[test]
+    fn percentiles_interpolate_like_numpy() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(percentile_sorted(&v, 50.0), Some(2.5));
+        assert_eq!(percentile_sorted(&v, 0.0), Some(1.0));
+        assert_eq!(percentile_sorted(&v, 100.0), Some(4.0));
+        // numpy.percentile([1,2,3,4], 90) = 3.7
+        assert!(close(percentile_sorted(&v, 90.0).unwrap() as f64, 3.7, 1e-6));
+        assert_eq!(percentile_sorted(&[], 50.0), None);
+        assert_eq!(percentile_sorted(&v, 101.0), None);
+    }
+
+    #[test]
+    fn histograms_bin_clamp_and_normalise() {
+        let mut h = Histogram::new(0.5, 4);
+        for x in [0.1, 0.6, 0.7, 9.0, -1.0, f32::NAN] {
+            h.push(x);
+        }
+        assert_eq!(h.counts, vec![2, 2, 0, 1]);
+        let area: f64 = h.densities().iter().map(|d| d * 0.5).sum();
+        assert!(close(area, 1.0, 1e-12));
+        assert!(Histogram::new(0.0, 3).counts.is_empty());
+    }
+
+    #[test]
+    fn pearson_sees_perfect_and_absent_correlation() {
+        assert!(close(pearson(&[1.0, 2.0, 3.0], &[2.0, 4.0, 6.0]).unwrap(), 1.0, 1e-12));
+        assert!(close(pearson(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]).unwrap(), -1.0, 1e-12));
+        assert_eq!(pearson(&[1.0, 1.0], &[1.0, 2.0]), None);
+    }
+}
