@@ -13,6 +13,7 @@
 //!
 //! The statistics are pure functions in [`stats`], checked against known values.
 
+mod calibrate;
 mod dataset;
 mod error;
 mod extract;
@@ -24,6 +25,10 @@ mod results;
 mod run;
 pub mod stats;
 
+pub use calibrate::{
+    CALIBRATION_FORMAT, CalibrationConfig, CalibrationFile, EntropyScorer, GateRate, ModelEntropy, PERCENTILES, PairedEntropy,
+    Recommendation, ScoredPosition, run_calibration,
+};
 pub use dataset::{Problem, load_problems, sample_indices, slice, solution_text};
 pub use error::{BoxError, Error, Result};
 pub use extract::{AnswerSource, ExtractedAnswer, answers_match, extract_answer, parse_number, reference_answer};
