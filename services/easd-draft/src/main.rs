@@ -1,1 +1,58 @@
-fn main() {}
+//! The draft worker: serves `easd.v1.Draft` with a small model.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
+use easd_server::{SessionLimits, Worker, local::load_model, serve::serve_draft};
+
+#[derive(Parser)]
+#[command(version, about = "EASD draft worker: proposes token blocks with a small model")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:50051", env = "EASD_LISTEN")]
+    listen: SocketAddr,
+    /// GGUF path, or "draft" / "target" for the default pair.
+    #[arg(long, default_value = "draft", env = "EASD_MODEL")]
+    model: String,
+    /// cpu | cuda | cuda:N
+    #[arg(long, default_value = "cpu", env = "EASD_DEVICE")]
+    device: String,
+    /// Keep Q5_0/Q5_1/Q4_1 tensors as they are instead of re-quantizing them to Q8_0.
+    #[arg(long)]
+    no_requantize: bool,
+    /// Memory budget for all session KV caches, in MiB.
+    #[arg(long, default_value_t = 4096, env = "EASD_KV_BUDGET_MIB")]
+    kv_budget_mib: usize,
+    /// Sessions idle for longer are dropped, in seconds.
+    #[arg(long, default_value_t = 300)]
+    idle_timeout_s: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = Args::parse();
+    let path = resolve_model(&args.model, &default_models_dir(), false).context("resolving the model")?;
+    let opts =
+        LoadOptions { device: parse_device(&args.device)?, requantize: !args.no_requantize, ..LoadOptions::default() };
+    let model = load_model(&path, &opts).await.with_context(|| format!("loading {}", path.display()))?;
+    let limits = SessionLimits {
+        budget_bytes: args.kv_budget_mib << 20,
+        idle_timeout: Duration::from_secs(args.idle_timeout_s),
+    };
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    tracing::info!(addr = %args.listen, model = %path.display(), "draft worker serving");
+    serve_draft(listener, Worker::new(model, limits, "draft"), shutdown_signal()).await.context("serving")?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let _ = tokio::signal::ctrl_c().await;
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,403 @@
+//! One generation session: the loop of DESIGN §3.1 — propose → verify → decide → commit — for every mode.
+//!
+//! The coordinator holds the committed tokens (the source of truth). Each worker call carries a prefix claim
+//! computed from them, so a worker that lost or diverged from the session is detected and re-fed the full context.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use easd_core::{DraftToken, Mode, TargetPosition, verify_block};
+use easd_model::{IncrementalDecoder, Tokenizer};
+use easd_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tonic::{Code, Status};
+
+use super::output::StopFilter;
+use super::request::Plan;
+use super::workers::{Replica, Workers, unavailable};
+use crate::convert::{draft_token_from_pb, penalty_to_alpha, sampling_to_pb, sparse_to_pb, target_position_from_pb};
+use crate::error::ServerError;
+use crate::prefix::HashedTokens;
+
+pub type EventSender = mpsc::Sender<Result<pb::GenerateEvent, Status>>;
+
+/// Counters for the final summary.
+#[derive(Debug, Default)]
+struct Stats {
+    blocks: u32,
+    drafted: u32,
+    accepted: u32,
+    easd_triggers: u32,
+    target_forwards: u32,
+    discarded: u32,
+    draft_forward_s: f64,
+    target_forward_s: f64,
+    failovers: u32,
+    triggers: Vec<pb::EasdTrigger>,
+    first_token_s: Option<f64>,
+}
+
+/// Where a committed token's log probability comes from.
+struct Emitted {
+    token: u32,
+    target: Option<Arc<TargetPosition>>,
+}
+
+pub struct Generation {
+    plan: Plan,
+    workers: Arc<Workers>,
+    tokenizer: Arc<Tokenizer>,
+    session_id: String,
+    committed: HashedTokens,
+    prompt_len: usize,
+    /// How many committed tokens each worker's cache is known to hold (0: send the full context).
+    draft_synced: usize,
+    verifier_synced: usize,
+    replica: Arc<Replica>,
+    verifiers_used: Vec<String>,
+    stats: Stats,
+    started: Instant,
+}
+
+impl Generation {
+    pub fn new(plan: Plan, workers: Arc<Workers>, tokenizer: Arc<Tokenizer>, replica: Arc<Replica>) -> Self {
+        replica.live_sessions.fetch_add(1, Ordering::Relaxed);
+        let committed = HashedTokens::from_tokens(&plan.prompt_tokens);
+        Self {
+            session_id: plan.request_id.clone(),
+            prompt_len: plan.prompt_tokens.len(),
+            committed,
+            plan,
+            workers,
+            tokenizer,
+            draft_synced: 0,
+            verifier_synced: 0,
+            verifiers_used: vec![replica.url.clone()],
+            replica,
+            stats: Stats::default(),
+            started: Instant::now(),
+        }
+    }
+
+    fn generated(&self) -> usize {
+        self.committed.len() - self.prompt_len
+    }
+
+    /// Runs to completion, streaming deltas; returns the summary (also sent as the last event).
+    pub async fn run(mut self, tx: &EventSender) -> Result<pb::Summary, ServerError> {
+        let tokenizer = self.tokenizer.clone();
+        let mut decoder = IncrementalDecoder::new(&tokenizer);
+        let mut filter = StopFilter::new(self.plan.stop.clone());
+        let stop_ids = tokenizer.stop_token_ids().to_vec();
+        let result: Result<&str, ServerError> = async {
+            loop {
+                let room = self.plan.max_tokens - self.generated();
+                let emitted = self.step(room).await?;
+                let mut delta = pb::TextDelta::default();
+                let mut finish = None;
+                let mut stopped_by_string = false;
+                for e in emitted {
+                    if stop_ids.contains(&e.token) {
+                        finish = Some("stop");
+                        break;
+                    }
+                    self.committed.push(e.token);
+                    delta.token_ids.push(e.token);
+                    if self.plan.logprobs > 0 {
+                        delta.logprobs.push(self.token_info(&e));
+                    }
+                    let release = filter.push(&decoder.push(e.token)?);
+                    delta.text.push_str(&release.text);
+                    if release.stopped {
+                        (finish, stopped_by_string) = (Some("stop"), true);
+                        break;
+                    }
+                    if self.generated() >= self.plan.max_tokens {
+                        finish = Some("length");
+                        break;
+                    }
+                }
+                if let Some(reason) = finish {
+                    // Release what the decoder and the stop filter still hold, unless a stop string ended the text.
+                    if !stopped_by_string {
+                        let release = filter.push(&decoder.finish()?);
+                        delta.text.push_str(&release.text);
+                        if !release.stopped {
+                            delta.text.push_str(&filter.flush());
+                        }
+                    }
+                    self.send_delta(tx, delta).await?;
+                    return Ok(reason);
+                }
+                self.send_delta(tx, delta).await?;
+            }
+        }
+        .await;
+        self.replica.live_sessions.fetch_sub(1, Ordering::Relaxed);
+        self.release_sessions();
+        let finish_reason = result?;
+        let summary = self.summary(finish_reason);
+        Ok(summary)
+    }
+
+    async fn send_delta(&mut self, tx: &EventSender, delta: pb::TextDelta) -> Result<(), ServerError> {
+        if delta.token_ids.is_empty() && delta.text.is_empty() {
+            return Ok(());
+        }
+        if self.stats.first_token_s.is_none() {
+            self.stats.first_token_s = Some(self.started.elapsed().as_secs_f64());
+        }
+        let event = pb::GenerateEvent { event: Some(pb::generate_event::Event::Delta(delta)) };
+        tx.send(Ok(event)).await.map_err(|_| ServerError::Unavailable("the client went away".into()))
+    }
+
+    /// One step of the loop for the request's mode; returns the tokens to commit, in order.
+    async fn step(&mut self, room: usize) -> Result<Vec<Emitted>, ServerError> {
+        let count = self.plan.k.min(room).max(1);
+        match self.plan.mode.clone() {
+            Mode::Target => {
+                let positions = self.verify(&[]).await?;
+                let p = Arc::new(positions.into_iter().next().expect("one position for an empty block"));
+                self.stats.blocks += 1;
+                Ok(vec![Emitted { token: p.sample_token, target: Some(p) }])
+            }
+            Mode::Draft => {
+                let drafted = self.propose(count).await?;
+                self.stats.blocks += 1;
+                self.draft_synced = self.committed.len() + drafted.len() - 1;
+                Ok(drafted.into_iter().map(|d| Emitted { token: d.token, target: None }).collect())
+            }
+            mode @ (Mode::Sd | Mode::Easd(_)) => {
+                let drafted = self.propose(count).await?;
+                let positions = self.verify(&drafted).await?;
+                let first_position = self.committed.len() as u64;
+                let outcome = verify_block(
+                    &mode,
+                    self.plan.sampling.is_greedy(),
+                    self.plan.seed,
+                    first_position,
+                    &drafted,
+                    &positions,
+                );
+                self.record_block(&drafted, &positions, &outcome, first_position);
+                let base = self.committed.len();
+                self.draft_synced = base + outcome.accepted.min(drafted.len() - 1);
+                self.verifier_synced = base + outcome.accepted;
+                let positions: Vec<Arc<TargetPosition>> = positions.into_iter().map(Arc::new).collect();
+                Ok(outcome
+                    .tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &token)| Emitted { token, target: Some(positions[i].clone()) })
+                    .collect())
+            }
+        }
+    }
+
+    fn record_block(
+        &mut self,
+        drafted: &[DraftToken],
+        positions: &[TargetPosition],
+        outcome: &easd_core::BlockOutcome,
+        first_position: u64,
+    ) {
+        self.stats.blocks += 1;
+        self.stats.drafted += drafted.len() as u32;
+        self.stats.accepted += outcome.accepted as u32;
+        self.stats.discarded += outcome.discarded(drafted.len()) as u32;
+        if let Some(easd_core::Rejection::Easd { index, draft_entropy, target_entropy, overlap }) = outcome.rejection {
+            self.stats.easd_triggers += 1;
+            self.stats.triggers.push(pb::EasdTrigger {
+                position: (first_position + index as u64) as u32,
+                draft_entropy,
+                target_entropy,
+                overlap,
+            });
+        }
+        let _ = positions;
+    }
+
+    /// Claim for a worker that holds `synced` committed tokens: always resend at least the last token.
+    fn claim(&self, synced: usize) -> (Option<pb::PrefixClaim>, Vec<u32>, bool) {
+        if synced == 0 {
+            return (None, self.committed.tokens().to_vec(), true);
+        }
+        let len = synced.min(self.committed.len() - 1);
+        let claim = pb::PrefixClaim { length: len as u32, hash: self.committed.hash_of_prefix(len) };
+        (Some(claim), self.committed.tokens()[len..].to_vec(), false)
+    }
+
+    async fn propose(&mut self, count: usize) -> Result<Vec<DraftToken>, ServerError> {
+        self.workers.ensure_draft_checked().await?;
+        for attempt in 0..2 {
+            let (claim, new_tokens, full_context) = self.claim(self.draft_synced);
+            let mut req = tonic::Request::new(pb::ProposeRequest {
+                session_id: self.session_id.clone(),
+                claim,
+                new_tokens,
+                full_context,
+                count: count as u32,
+                sampling: Some(sampling_to_pb(&self.plan.sampling, self.plan.seed)),
+                proposal_support: easd_core::DEFAULT_K_Q as u32,
+                top_n: self.plan.easd.top_n as u32,
+            });
+            req.set_timeout(self.workers.call_timeout);
+            let result = async {
+                let mut stream = self.workers.draft.clone().propose(req).await?.into_inner();
+                let mut tokens = Vec::with_capacity(count);
+                let mut seconds = 0.0;
+                while let Some(t) = stream.message().await? {
+                    seconds += f64::from(t.forward_seconds);
+                    tokens.push(t);
+                }
+                Ok::<_, Status>((tokens, seconds))
+            }
+            .await;
+            match result {
+                Ok((tokens, seconds)) => {
+                    if tokens.len() != count {
+                        return Err(ServerError::Internal(format!(
+                            "draft sent {} tokens, {count} asked",
+                            tokens.len()
+                        )));
+                    }
+                    self.stats.draft_forward_s += seconds;
+                    self.draft_synced = self.committed.len();
+                    return tokens.into_iter().map(draft_token_from_pb).collect();
+                }
+                Err(s) if attempt == 0 && session_lost(&s) => {
+                    tracing::info!(session = %self.session_id, status = %s.message(), "draft lost the session; resending the full context");
+                    self.draft_synced = 0;
+                }
+                Err(s) => {
+                    if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) {
+                        self.workers.draft_needs_check.store(true, Ordering::Relaxed);
+                    }
+                    return Err(unavailable(&self.workers.draft_url, s));
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    async fn verify(&mut self, block: &[DraftToken]) -> Result<Vec<TargetPosition>, ServerError> {
+        self.workers.ensure_replica_checked(&self.replica).await?;
+        for attempt in 0..2 {
+            let (claim, new_tokens, full_context) = self.claim(self.verifier_synced);
+            let mut req = tonic::Request::new(pb::VerifyRequest {
+                session_id: self.session_id.clone(),
+                claim,
+                new_tokens,
+                full_context,
+                block: block
+                    .iter()
+                    .map(|d| pb::DraftedToken { token: d.token, proposal: Some(sparse_to_pb(&d.proposal)) })
+                    .collect(),
+                sampling: Some(sampling_to_pb(&self.plan.sampling, self.plan.seed)),
+                top_n: self.plan.easd.top_n as u32,
+                penalty_alpha: penalty_to_alpha(self.plan.easd.penalty),
+                logprobs: self.plan.logprobs as u32,
+            });
+            req.set_timeout(self.workers.call_timeout);
+            match self.replica.client.clone().verify(req).await {
+                Ok(resp) => {
+                    let resp = resp.into_inner();
+                    if resp.positions.len() != block.len() + 1 {
+                        return Err(ServerError::Internal(format!(
+                            "verifier sent {} positions for a block of {}",
+                            resp.positions.len(),
+                            block.len()
+                        )));
+                    }
+                    self.stats.target_forwards += 1;
+                    self.stats.target_forward_s += f64::from(resp.forward_seconds);
+                    self.verifier_synced = self.committed.len();
+                    return Ok(resp.positions.into_iter().map(target_position_from_pb).collect());
+                }
+                Err(s) if attempt == 0 && session_lost(&s) => {
+                    tracing::info!(session = %self.session_id, status = %s.message(), "verifier lost the session; resending the full context");
+                    self.verifier_synced = 0;
+                }
+                Err(s) => {
+                    if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) {
+                        self.replica.needs_check.store(true, Ordering::Relaxed);
+                    }
+                    return Err(unavailable(&self.replica.url, s));
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    fn token_info(&self, e: &Emitted) -> pb::TokenInfo {
+        let text = |t: u32| self.tokenizer.token_text(t).unwrap_or_default();
+        let Some(p) = &e.target else {
+            return pb::TokenInfo { token: e.token, text: text(e.token), logprob: f32::NAN, top_logprobs: vec![] };
+        };
+        pb::TokenInfo {
+            token: e.token,
+            text: text(e.token),
+            logprob: p.logprob_of(e.token).unwrap_or(f32::NEG_INFINITY),
+            top_logprobs: p
+                .top_logprobs
+                .iter()
+                .take(self.plan.logprobs)
+                .map(|&(token, logprob)| pb::TopLogprob { token, text: text(token), logprob })
+                .collect(),
+        }
+    }
+
+    /// Frees the session's caches on the workers, without making the client wait.
+    fn release_sessions(&self) {
+        let req = pb::ReleaseRequest { session_id: self.session_id.clone() };
+        let mut draft = self.workers.draft.clone();
+        let mut verifier = self.replica.client.clone();
+        let uses_draft = self.plan.mode != Mode::Target;
+        let uses_verifier = self.plan.mode != Mode::Draft;
+        tokio::spawn(async move {
+            if uses_draft {
+                let _ = draft.release(req.clone()).await;
+            }
+            if uses_verifier {
+                let _ = verifier.release(req).await;
+            }
+        });
+    }
+
+    fn summary(&self, finish_reason: &str) -> pb::Summary {
+        let wall_s = self.started.elapsed().as_secs_f64();
+        let generated = self.generated() as u32;
+        let s = &self.stats;
+        pb::Summary {
+            mode: self.plan.mode.name().to_owned(),
+            prompt_tokens: self.prompt_len as u32,
+            generated_tokens: generated,
+            wall_s,
+            tokens_per_s: if wall_s > 0.0 { f64::from(generated) / wall_s } else { 0.0 },
+            blocks: s.blocks,
+            drafted_tokens: s.drafted,
+            accepted_tokens: s.accepted,
+            acceptance_rate: if s.drafted > 0 { f64::from(s.accepted) / f64::from(s.drafted) } else { 0.0 },
+            mean_accepted_len: if s.blocks > 0 { f64::from(s.accepted) / f64::from(s.blocks) } else { 0.0 },
+            easd_triggers: s.easd_triggers,
+            target_forwards: s.target_forwards,
+            discarded_tokens: s.discarded,
+            verifiers: self.verifiers_used.clone(),
+            failovers: s.failovers,
+            finish_reason: finish_reason.to_owned(),
+            time_to_first_token_s: s.first_token_s.unwrap_or(wall_s),
+            draft_forward_seconds: s.draft_forward_s,
+            target_forward_seconds: s.target_forward_s,
+            overhead_seconds: (wall_s - s.draft_forward_s - s.target_forward_s).max(0.0),
+            triggers: s.triggers.clone(),
+            note: String::new(),
+            request_id: self.plan.request_id.clone(),
+        }
+    }
+}
+
+/// The worker no longer holds (or never held) what we claimed: safe to resend the full context.
+fn session_lost(s: &Status) -> bool {
+    matches!(s.code(), Code::NotFound | Code::FailedPrecondition) && !s.message().starts_with("incompatible")
+}

@@ -1,0 +1,195 @@
+//! Validation of a `Generate` request, once, before any work: every field checked with its name and range.
+
+use easd_core::{EasdParams, MAX_BLOCK_SIZE, Mode, Order, Penalty, SamplingParams, validate_block_size};
+use easd_model::{ChatMessage, Tokenizer};
+use easd_proto::v1 as pb;
+
+use crate::error::ServerError;
+
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+pub const DEFAULT_BLOCK_SIZE: usize = 4;
+pub const MAX_LOGPROBS: usize = 20;
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_TEMPERATURE: f32 = 2.0;
+
+/// A validated generation request.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub request_id: String,
+    pub prompt_tokens: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub seed: u64,
+    pub mode: Mode,
+    pub k: usize,
+    /// EASD parameters; also used in other modes for N (top-N sets) and the penalty the verifier applies.
+    pub easd: EasdParams,
+    pub stop: Vec<String>,
+    pub logprobs: usize,
+}
+
+/// Limits the coordinator knows from its workers.
+pub struct PlanContext<'a> {
+    pub tokenizer: &'a Tokenizer,
+    pub context_length: usize,
+    pub default_easd: &'a EasdParams,
+}
+
+pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, ServerError> {
+    let prompt_tokens = match req.input {
+        None => return Err(ServerError::invalid("input", "one of prompt or chat is required")),
+        Some(pb::generate_request::Input::Prompt(text)) => {
+            if text.is_empty() {
+                return Err(ServerError::invalid("prompt", "must not be empty"));
+            }
+            ctx.tokenizer.encode(&text)?
+        }
+        Some(pb::generate_request::Input::Chat(chat)) => {
+            if chat.messages.is_empty() {
+                return Err(ServerError::invalid("chat.messages", "must hold at least one message"));
+            }
+            let mut messages = Vec::with_capacity(chat.messages.len());
+            for m in chat.messages {
+                if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
+                    return Err(ServerError::invalid(
+                        "chat.messages.role",
+                        format!("must be one of system, user, assistant, tool; got {:?}", m.role),
+                    ));
+                }
+                messages.push(ChatMessage { role: m.role, content: m.content });
+            }
+            let text = ctx.tokenizer.apply_chat_template(&messages)?;
+            ctx.tokenizer.encode(&text)?
+        }
+    };
+    if prompt_tokens.is_empty() {
+        return Err(ServerError::invalid("prompt", "encodes to no tokens"));
+    }
+
+    let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
+    if max_tokens == 0 {
+        return Err(ServerError::invalid("max_tokens", "must be at least 1"));
+    }
+    if prompt_tokens.len() + max_tokens > ctx.context_length {
+        return Err(ServerError::invalid(
+            "max_tokens",
+            format!(
+                "prompt ({} tokens) + max_tokens ({max_tokens}) exceeds the context length {}",
+                prompt_tokens.len(),
+                ctx.context_length
+            ),
+        ));
+    }
+
+    let temperature = req.temperature.unwrap_or(0.0);
+    if !(0.0..=MAX_TEMPERATURE).contains(&temperature) {
+        return Err(ServerError::invalid(
+            "temperature",
+            format!("must be in [0, {MAX_TEMPERATURE}], got {temperature}"),
+        ));
+    }
+    let sampling =
+        SamplingParams { temperature, top_k: req.top_k.unwrap_or(0) as usize, top_p: req.top_p.unwrap_or(1.0) };
+    sampling.validate()?;
+
+    let mode_kind =
+        pb::Mode::try_from(req.mode).map_err(|_| ServerError::invalid("mode", format!("unknown mode {}", req.mode)))?;
+    let easd = easd_params(req.easd.unwrap_or_default(), ctx.default_easd)?;
+    let mode = match mode_kind {
+        pb::Mode::Unspecified | pb::Mode::Sd => Mode::Sd,
+        pb::Mode::Target => Mode::Target,
+        pb::Mode::Draft => Mode::Draft,
+        pb::Mode::Easd => Mode::Easd(easd.clone()),
+    };
+
+    let k = req.k.map_or(DEFAULT_BLOCK_SIZE, |k| k as usize);
+    validate_block_size(k)
+        .map_err(|_| ServerError::invalid("k", format!("must be in 1..={MAX_BLOCK_SIZE}, got {k}")))?;
+
+    if req.stop.len() > MAX_STOP_STRINGS {
+        return Err(ServerError::invalid(
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} strings, got {}", req.stop.len()),
+        ));
+    }
+    if req.stop.iter().any(String::is_empty) {
+        return Err(ServerError::invalid("stop", "stop strings must not be empty"));
+    }
+
+    let logprobs = req.logprobs as usize;
+    if logprobs > MAX_LOGPROBS {
+        return Err(ServerError::invalid("logprobs", format!("must be in 0..={MAX_LOGPROBS}, got {logprobs}")));
+    }
+    if logprobs > 0 && mode == Mode::Draft {
+        return Err(ServerError::invalid("logprobs", "target log probabilities are not computed in draft mode"));
+    }
+
+    let request_id = if req.request_id.is_empty() { new_id() } else { req.request_id };
+    Ok(Plan {
+        request_id,
+        prompt_tokens,
+        max_tokens,
+        sampling,
+        seed: req.seed.unwrap_or_else(rand::random),
+        mode,
+        k,
+        easd,
+        stop: req.stop,
+        logprobs,
+    })
+}
+
+fn easd_params(p: pb::EasdParams, defaults: &EasdParams) -> Result<EasdParams, ServerError> {
+    let order = match pb::EasdOrder::try_from(p.order) {
+        Ok(pb::EasdOrder::Unspecified) => defaults.order,
+        Ok(pb::EasdOrder::AfterSd) => Order::AfterSd,
+        Ok(pb::EasdOrder::Gate) => Order::Gate,
+        Err(_) => return Err(ServerError::invalid("easd.order", format!("unknown order {}", p.order))),
+    };
+    let penalty = match p.penalty_alpha {
+        None => defaults.penalty,
+        Some(a) if (0.0..1.0).contains(&a) => Penalty::Scale(a),
+        Some(a) => return Err(ServerError::invalid("easd.penalty_alpha", format!("must be in [0, 1), got {a}"))),
+    };
+    let params = EasdParams {
+        top_n: p.top_n.map_or(defaults.top_n, |n| n as usize),
+        rho: p.rho.unwrap_or(defaults.rho),
+        tau_draft: p.tau_draft.unwrap_or(defaults.tau_draft),
+        tau_target: p.tau_target.unwrap_or(defaults.tau_target),
+        order,
+        penalty,
+    };
+    params.validate().map_err(|e| ServerError::InvalidArgument {
+        field: match e.field {
+            "top_n" => "easd.top_n",
+            "rho" => "easd.rho",
+            "tau_draft" => "easd.tau_draft",
+            "tau_target" => "easd.tau_target",
+            _ => "easd",
+        },
+        reason: e.reason,
+    })?;
+    Ok(params)
+}
+
+/// A random 128-bit id in hex.
+pub fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+pub fn easd_params_to_pb(p: &EasdParams) -> pb::EasdParams {
+    pb::EasdParams {
+        top_n: Some(p.top_n as u32),
+        rho: Some(p.rho),
+        tau_draft: Some(p.tau_draft),
+        tau_target: Some(p.tau_target),
+        order: match p.order {
+            Order::AfterSd => pb::EasdOrder::AfterSd as i32,
+            Order::Gate => pb::EasdOrder::Gate as i32,
+        },
+        penalty_alpha: match p.penalty {
+            Penalty::Mask => None,
+            Penalty::Scale(a) => Some(a),
+        },
+    }
+}

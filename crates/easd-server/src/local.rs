@@ -1,0 +1,151 @@
+//! The whole system in one process on loopback: a draft worker, verifier replica(s) and a coordinator, each a real
+//! gRPC server on its own port. Used by `easd up`, `easd ask` without `--coordinator`, and the end-to-end tests.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use easd_core::EasdParams;
+use easd_model::{LoadOptions, Model, Tokenizer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::coordinator::{Coordinator, CoordinatorConfig};
+use crate::error::ServerError;
+use crate::serve::{serve_coordinator, serve_draft, serve_verifier};
+use crate::sessions::SessionLimits;
+use crate::worker::Worker;
+
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    pub verifier_replicas: usize,
+    pub limits: SessionLimits,
+    pub default_easd: EasdParams,
+    /// Where the coordinator listens (port 0: any free port).
+    pub coordinator_addr: SocketAddr,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        Self {
+            verifier_replicas: 1,
+            limits: SessionLimits::default(),
+            default_easd: EasdParams::default(),
+            coordinator_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+pub struct LocalStack {
+    pub coordinator: Arc<Coordinator>,
+    pub coordinator_url: String,
+    pub draft_url: String,
+    pub verifier_urls: Vec<String>,
+    pub draft_worker: Arc<Worker>,
+    pub verifier_workers: Vec<Arc<Worker>>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Loads a model off the async runtime.
+pub async fn load_model(path: &Path, opts: &LoadOptions) -> Result<Arc<Model>, ServerError> {
+    let (path, opts) = (path.to_owned(), opts.clone());
+    tokio::task::spawn_blocking(move || Model::load(&path, &opts).map(Arc::new))
+        .await
+        .map_err(|e| ServerError::Internal(format!("model loading task failed: {e}")))?
+        .map_err(ServerError::from)
+}
+
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, String), ServerError> {
+    let listener =
+        TcpListener::bind(addr).await.map_err(|e| ServerError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener.local_addr().map_err(|e| ServerError::Internal(e.to_string()))?;
+    Ok((listener, format!("http://{local}")))
+}
+
+impl LocalStack {
+    /// Starts the stack with already loaded models; the coordinator uses `tokenizer` (the target's).
+    pub async fn start(
+        draft: Arc<Model>,
+        target: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        opts: LocalOptions,
+    ) -> Result<Self, ServerError> {
+        let (shutdown, signal) = watch::channel(false);
+        let wait = move || {
+            let mut signal = signal.clone();
+            async move {
+                let _ = signal.wait_for(|stop| *stop).await;
+            }
+        };
+        let mut tasks = Vec::new();
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+
+        let draft_worker = Worker::new(draft, opts.limits, "draft");
+        let (listener, draft_url) = bind(loopback).await?;
+        let (w, stop) = (draft_worker.clone(), wait());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = serve_draft(listener, w, stop).await {
+                tracing::error!(error = %e, "draft server failed");
+            }
+        }));
+
+        let mut verifier_urls = Vec::new();
+        let mut verifier_workers = Vec::new();
+        for _ in 0..opts.verifier_replicas.max(1) {
+            let worker = Worker::new(target.clone(), opts.limits, "verifier");
+            let (listener, url) = bind(loopback).await?;
+            let (w, stop) = (worker.clone(), wait());
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = serve_verifier(listener, w, stop).await {
+                    tracing::error!(error = %e, "verifier server failed");
+                }
+            }));
+            verifier_urls.push(url);
+            verifier_workers.push(worker);
+        }
+
+        let mut config = CoordinatorConfig::new(draft_url.clone(), verifier_urls.clone());
+        config.default_easd = opts.default_easd;
+        let coordinator = Coordinator::connect(config, tokenizer).await?;
+        let (listener, coordinator_url) = bind(opts.coordinator_addr).await?;
+        let (c, stop) = (coordinator.clone(), wait());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = serve_coordinator(listener, c, stop).await {
+                tracing::error!(error = %e, "coordinator server failed");
+            }
+        }));
+        Ok(Self {
+            coordinator,
+            coordinator_url,
+            draft_url,
+            verifier_urls,
+            draft_worker,
+            verifier_workers,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// Loads both models from GGUF files and starts the stack.
+    pub async fn start_from_files(
+        draft_path: &Path,
+        target_path: &Path,
+        load: &LoadOptions,
+        opts: LocalOptions,
+    ) -> Result<Self, ServerError> {
+        let draft = load_model(draft_path, load).await?;
+        let target = load_model(target_path, load).await?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf_file(target_path)?);
+        Self::start(draft, target, tokenizer, opts).await
+    }
+
+    /// Stops every server and waits for them.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Per-session KV caches on a worker, bounded by a memory budget (LRU eviction) and an idle timeout.
+//!
+//! A session is checked out for the length of one request (its `Arc` is then shared), so eviction never
+//! touches a cache that a forward pass is using.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use easd_model::KvCache;
+
+use crate::error::ServerError;
+use crate::prefix::HashedTokens;
+
+/// What a worker holds for one session: the cache and the exact tokens in it.
+pub struct WorkerSession {
+    pub cache: KvCache,
+    pub tokens: HashedTokens,
+}
+
+impl WorkerSession {
+    /// Rolls back to the claimed prefix (already checked) and returns the position the next forward starts at.
+    pub fn rollback_to(&mut self, len: usize) -> Result<usize, ServerError> {
+        self.tokens.truncate(len);
+        if self.cache.len() > len {
+            self.cache.truncate(len)?;
+        }
+        Ok(len)
+    }
+}
+
+pub type SharedSession = Arc<Mutex<WorkerSession>>;
+
+struct Entry {
+    session: SharedSession,
+    last_used: Instant,
+    bytes: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SessionLimits {
+    pub budget_bytes: usize,
+    pub idle_timeout: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self { budget_bytes: 4 << 30, idle_timeout: Duration::from_secs(300) }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    pub sessions: usize,
+    pub bytes: usize,
+    pub evictions: u64,
+}
+
+pub struct SessionTable {
+    entries: Mutex<HashMap<String, Entry>>,
+    evictions: Mutex<u64>,
+    limits: SessionLimits,
+}
+
+impl SessionTable {
+    pub fn new(limits: SessionLimits) -> Self {
+        Self { entries: Mutex::new(HashMap::new()), evictions: Mutex::new(0), limits }
+    }
+
+    /// Returns the session for a request: a fresh one for `full_context`, else the held one whose tokens match the claim.
+    pub fn checkout(
+        &self,
+        id: &str,
+        claim_len: usize,
+        claim_hash: u64,
+        full_context: bool,
+        new_cache: impl FnOnce() -> KvCache,
+    ) -> Result<SharedSession, ServerError> {
+        let mut entries = self.entries.lock().expect("session table poisoned");
+        if full_context {
+            let session = Arc::new(Mutex::new(WorkerSession { cache: new_cache(), tokens: HashedTokens::default() }));
+            entries.insert(id.to_owned(), Entry { session: session.clone(), last_used: Instant::now(), bytes: 0 });
+            return Ok(session);
+        }
+        let entry = entries.get_mut(id).ok_or_else(|| ServerError::SessionNotFound(id.to_owned()))?;
+        entry.last_used = Instant::now();
+        let session = entry.session.clone();
+        drop(entries);
+        let held = session.lock().expect("session poisoned");
+        if !held.tokens.matches(claim_len, claim_hash) {
+            return Err(ServerError::PrefixMismatch {
+                session: id.to_owned(),
+                claimed_len: claim_len,
+                held_len: held.tokens.len(),
+            });
+        }
+        drop(held);
+        Ok(session)
+    }
+
+    /// Records the session's new size after a request and evicts least-recently-used idle sessions over budget.
+    pub fn checkin(&self, id: &str, bytes: usize) {
+        let mut entries = self.entries.lock().expect("session table poisoned");
+        if let Some(entry) = entries.get_mut(id) {
+            entry.bytes = bytes;
+            entry.last_used = Instant::now();
+        }
+        let mut total: usize = entries.values().map(|e| e.bytes).sum();
+        let mut evicted = 0;
+        while total > self.limits.budget_bytes {
+            // Only sessions nobody is using (the table holds the only reference) can go.
+            let victim = entries
+                .iter()
+                .filter(|(key, e)| key.as_str() != id && Arc::strong_count(&e.session) == 1)
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(key, _)| key.clone());
+            let Some(victim) = victim else { break };
+            if let Some(e) = entries.remove(&victim) {
+                total -= e.bytes;
+                evicted += 1;
+                tracing::info!(session = %victim, bytes = e.bytes, "evicted session over memory budget");
+            }
+        }
+        drop(entries);
+        *self.evictions.lock().expect("poisoned") += evicted;
+    }
+
+    pub fn release(&self, id: &str) -> bool {
+        self.entries.lock().expect("session table poisoned").remove(id).is_some()
+    }
+
+    /// Drops sessions idle for longer than the timeout; returns how many.
+    pub fn sweep_idle(&self) -> usize {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().expect("session table poisoned");
+        let before = entries.len();
+        entries.retain(|_, e| {
+            Arc::strong_count(&e.session) > 1 || now.duration_since(e.last_used) < self.limits.idle_timeout
+        });
+        let removed = before - entries.len();
+        drop(entries);
+        *self.evictions.lock().expect("poisoned") += removed as u64;
+        removed
+    }
+
+    pub fn stats(&self) -> SessionStats {
+        let entries = self.entries.lock().expect("session table poisoned");
+        SessionStats {
+            sessions: entries.len(),
+            bytes: entries.values().map(|e| e.bytes).sum(),
+            evictions: *self.evictions.lock().expect("poisoned"),
+        }
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.entries.lock().expect("session table poisoned").contains_key(id)
+    }
+
+    pub fn limits(&self) -> SessionLimits {
+        self.limits
+    }
+}

@@ -1,0 +1,107 @@
+//! What the draft and verifier workers share: the loaded model, the session table, prefix-claim handling.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use easd_model::Model;
+use easd_proto::v1 as pb;
+
+use crate::error::ServerError;
+use crate::sessions::{SessionLimits, SessionTable, SharedSession};
+
+/// A loaded model and the sessions computed with it.
+pub struct Worker {
+    pub model: Arc<Model>,
+    pub sessions: SessionTable,
+    pub role: &'static str,
+}
+
+impl Worker {
+    pub fn new(model: Arc<Model>, limits: SessionLimits, role: &'static str) -> Arc<Self> {
+        Arc::new(Self { model, sessions: SessionTable::new(limits), role })
+    }
+
+    pub fn info(&self) -> pb::ModelInfo {
+        let info = self.model.info();
+        pb::ModelInfo {
+            name: info.name.clone(),
+            architecture: info.architecture.to_string(),
+            context_length: info.context_length as u32,
+            vocab_size: info.vocab_size as u32,
+            tokenizer_fingerprint: self.model.tokenizer().fingerprint().to_owned(),
+            device: info.device.clone(),
+            role: self.role.to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    /// Validates a request's context part and returns the session positioned for it.
+    /// `extra` counts the tokens the request will add beyond `new_tokens` (the block, or the proposals).
+    pub fn open_session(
+        &self,
+        session_id: &str,
+        claim: Option<&pb::PrefixClaim>,
+        new_tokens: &[u32],
+        full_context: bool,
+        extra: usize,
+    ) -> Result<(SharedSession, usize), ServerError> {
+        if session_id.is_empty() {
+            return Err(ServerError::invalid("session_id", "must not be empty"));
+        }
+        if new_tokens.is_empty() {
+            return Err(ServerError::invalid(
+                "new_tokens",
+                "must hold at least the last committed token (its logits are not cached)",
+            ));
+        }
+        let vocab = self.model.info().vocab_size;
+        if let Some(bad) = new_tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ServerError::invalid(
+                "new_tokens",
+                format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            ));
+        }
+        let (claim_len, claim_hash) = match (full_context, claim) {
+            (true, _) => (0, crate::prefix::EMPTY_HASH),
+            (false, Some(c)) => (c.length as usize, c.hash),
+            (false, None) => return Err(ServerError::invalid("claim", "is required unless full_context is set")),
+        };
+        let needed = claim_len + new_tokens.len() + extra;
+        let limit = self.model.info().context_length;
+        if needed > limit {
+            return Err(ServerError::ContextOverflow { needed, limit });
+        }
+        let model = &self.model;
+        let session = self.sessions.checkout(session_id, claim_len, claim_hash, full_context, || model.new_cache())?;
+        Ok((session, claim_len))
+    }
+
+    pub fn release(&self, req: &pb::ReleaseRequest) -> pb::ReleaseResponse {
+        pb::ReleaseResponse { released: self.sessions.release(&req.session_id) }
+    }
+
+    /// Background sweep of idle sessions; ends when the worker is dropped.
+    pub fn spawn_idle_sweeper(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let period =
+            (self.sessions.limits().idle_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                let Some(worker) = weak.upgrade() else { break };
+                let removed = worker.sessions.sweep_idle();
+                if removed > 0 {
+                    tracing::info!(removed, role = worker.role, "dropped idle sessions");
+                }
+            }
+        });
+    }
+}
+
+/// Runs blocking model work off the async runtime.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ServerError> + Send + 'static,
+) -> Result<T, ServerError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ServerError::Internal(format!("worker task failed: {e}")))?
+}

@@ -1,0 +1,355 @@
+//! End-to-end: real gRPC servers on loopback (draft, verifier, coordinator), tiny GGUF models written from code.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use easd_model::{LoadOptions, Model, TinySpec, Tokenizer, write_tiny_gguf};
+use easd_proto::v1::{self as pb, coordinator_client::CoordinatorClient, generate_request::Input};
+use easd_server::local::{LocalOptions, LocalStack};
+use easd_server::{ServerError, SessionLimits};
+use tonic::Code;
+
+struct Models {
+    _dir: tempfile::TempDir,
+    draft: Arc<Model>,
+    target: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    draft_path: std::path::PathBuf,
+}
+
+fn tiny_models(draft_variant: u32) -> Models {
+    let dir = tempfile::tempdir().unwrap();
+    let target_path = dir.path().join("target.gguf");
+    let draft_path = dir.path().join("draft.gguf");
+    write_tiny_gguf(&target_path, &TinySpec::qwen2(7)).unwrap();
+    // The draft is the target with noise: high but imperfect agreement, like a real pair.
+    let draft_spec = TinySpec { perturbation: Some((8, 0.3)), tokenizer_variant: draft_variant, ..TinySpec::qwen2(7) };
+    write_tiny_gguf(&draft_path, &draft_spec).unwrap();
+    let opts = LoadOptions { warmup: false, ..LoadOptions::default() };
+    Models {
+        draft: Arc::new(Model::load(&draft_path, &opts).unwrap()),
+        target: Arc::new(Model::load(&target_path, &opts).unwrap()),
+        tokenizer: Arc::new(Tokenizer::from_gguf_file(&target_path).unwrap()),
+        draft_path,
+        _dir: dir,
+    }
+}
+
+async fn stack(models: &Models, opts: LocalOptions) -> LocalStack {
+    LocalStack::start(models.draft.clone(), models.target.clone(), models.tokenizer.clone(), opts).await.unwrap()
+}
+
+fn request(prompt: &str, mode: pb::Mode, max_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        input: Some(Input::Prompt(prompt.into())),
+        max_tokens: Some(max_tokens),
+        temperature: Some(0.0),
+        seed: Some(1),
+        mode: mode as i32,
+        k: Some(4),
+        ..Default::default()
+    }
+}
+
+struct Collected {
+    text: String,
+    tokens: Vec<u32>,
+    deltas: usize,
+    summary: pb::Summary,
+}
+
+async fn generate(url: &str, req: pb::GenerateRequest) -> Result<Collected, tonic::Status> {
+    let mut client = CoordinatorClient::connect(url.to_owned()).await.unwrap();
+    let mut stream = client.generate(req).await?.into_inner();
+    let (mut text, mut tokens, mut deltas, mut summary) = (String::new(), Vec::new(), 0, None);
+    while let Some(event) = stream.message().await? {
+        match event.event.unwrap() {
+            pb::generate_event::Event::Delta(d) => {
+                assert!(summary.is_none(), "the summary must be the last event");
+                text.push_str(&d.text);
+                tokens.extend(d.token_ids);
+                deltas += 1;
+            }
+            pb::generate_event::Event::Summary(s) => summary = Some(s),
+        }
+    }
+    Ok(Collected { text, tokens, deltas, summary: summary.expect("a summary ends the stream") })
+}
+
+fn never_trigger() -> pb::EasdParams {
+    pb::EasdParams { tau_draft: Some(1e9), tau_target: Some(1e9), ..Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_sd_and_non_triggering_easd_reproduce_target_mode_exactly() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions::default()).await;
+    let prompt = "The quick brown fox";
+    let target = generate(&stack.coordinator_url, request(prompt, pb::Mode::Target, 40)).await.unwrap();
+    assert_eq!(target.summary.generated_tokens as usize, target.tokens.len());
+    assert!(target.deltas > 1, "text is streamed in several deltas");
+    assert_eq!(target.summary.target_forwards, target.summary.generated_tokens);
+
+    let sd = generate(&stack.coordinator_url, request(prompt, pb::Mode::Sd, 40)).await.unwrap();
+    assert_eq!(sd.tokens, target.tokens);
+    assert_eq!(sd.text, target.text);
+    assert!(sd.summary.drafted_tokens > 0);
+    assert!(sd.summary.accepted_tokens > 0, "a perturbed draft agrees with its target sometimes");
+    assert!(sd.summary.target_forwards < target.summary.target_forwards, "speculation saves target forwards");
+
+    let mut easd_req = request(prompt, pb::Mode::Easd, 40);
+    easd_req.easd = Some(never_trigger());
+    let easd = generate(&stack.coordinator_url, easd_req).await.unwrap();
+    assert_eq!(easd.tokens, target.tokens);
+    assert_eq!(easd.summary.easd_triggers, 0);
+    assert_eq!(easd.summary.mode, "easd");
+    stack.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn easd_that_always_triggers_changes_the_output_and_counts_triggers() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions::default()).await;
+    let mut req = request("Once upon a time", pb::Mode::Easd, 24);
+    req.easd =
+        Some(pb::EasdParams { tau_draft: Some(0.0), tau_target: Some(0.0), rho: Some(0.0), ..Default::default() });
+    let easd = generate(&stack.coordinator_url, req).await.unwrap();
+    let target = generate(&stack.coordinator_url, request("Once upon a time", pb::Mode::Target, 24)).await.unwrap();
+    assert!(easd.summary.easd_triggers > 0);
+    assert_eq!(easd.summary.easd_triggers as usize, easd.summary.triggers.len());
+    assert_eq!(easd.summary.accepted_tokens, 0, "with zero thresholds every accepted token is rejected");
+    assert_ne!(easd.tokens, target.tokens);
+    stack.shutdown().await;
+}
+
+/// Greedy decoding with the draft model alone, straight through the model runtime.
+fn greedy_alone(model: &Model, tokenizer: &Tokenizer, prompt: &str, n: usize) -> Vec<u32> {
+    let mut tokens = tokenizer.encode(prompt).unwrap();
+    let mut cache = model.new_cache();
+    let mut feed = tokens.clone();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let start = cache.len();
+        let logits = model.forward(&mut cache, &feed, start).unwrap();
+        let next = easd_core::argmax(logits.row(logits.rows() - 1));
+        if tokenizer.stop_token_ids().contains(&next) {
+            break;
+        }
+        out.push(next);
+        tokens.push(next);
+        feed = vec![next];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draft_mode_equals_the_draft_model_alone() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions::default()).await;
+    let got = generate(&stack.coordinator_url, request("def main():", pb::Mode::Draft, 30)).await.unwrap();
+    let expected = greedy_alone(&models.draft, &models.tokenizer, "def main():", 30);
+    assert_eq!(got.tokens, expected);
+    assert_eq!(got.summary.target_forwards, 0);
+    stack.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_concurrent_sessions_each_match_their_sequential_result() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions::default()).await;
+    let prompts: Vec<String> = (0..16).map(|i| format!("Question {i}: what is {i} + {i}?")).collect();
+    let mut expected = Vec::new();
+    for p in &prompts[..4] {
+        expected.push(generate(&stack.coordinator_url, request(p, pb::Mode::Sd, 12)).await.unwrap().tokens);
+    }
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (url, req) = (stack.coordinator_url.clone(), request(p, pb::Mode::Sd, 12));
+            tokio::spawn(async move { generate(&url, req).await })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.await.unwrap().unwrap());
+    }
+    for (i, r) in results.iter().enumerate() {
+        assert!(!r.tokens.is_empty(), "session {i} produced tokens");
+        if i < expected.len() {
+            assert_eq!(r.tokens, expected[i], "session {i} equals its sequential run");
+        }
+    }
+    // Released at the end of each generation: nothing leaks.
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while stack.verifier_workers[0].sessions.stats().sessions > 0
+            || stack.draft_worker.sessions.stats().sessions > 0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("sessions are released after generation");
+    stack.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_sessions_are_rebuilt_transparently() {
+    let models = tiny_models(0);
+    // A one-byte budget evicts every idle session after each request of another session.
+    let tight = LocalOptions {
+        limits: SessionLimits { budget_bytes: 1, ..SessionLimits::default() },
+        ..LocalOptions::default()
+    };
+    let reference_stack = stack(&models, LocalOptions::default()).await;
+    let a = generate(&reference_stack.coordinator_url, request("alpha beta", pb::Mode::Sd, 20)).await.unwrap();
+    let b = generate(&reference_stack.coordinator_url, request("gamma delta", pb::Mode::Sd, 20)).await.unwrap();
+    reference_stack.shutdown().await;
+
+    let stack = stack(&models, tight).await;
+    let (url1, url2) = (stack.coordinator_url.clone(), stack.coordinator_url.clone());
+    let h1 = tokio::spawn(async move { generate(&url1, request("alpha beta", pb::Mode::Sd, 20)).await });
+    let h2 = tokio::spawn(async move { generate(&url2, request("gamma delta", pb::Mode::Sd, 20)).await });
+    assert_eq!(h1.await.unwrap().unwrap().tokens, a.tokens);
+    assert_eq!(h2.await.unwrap().unwrap().tokens, b.tokens);
+    let evictions =
+        stack.verifier_workers[0].sessions.stats().evictions + stack.draft_worker.sessions.stats().evictions;
+    assert!(evictions > 0, "the tight budget evicted sessions");
+    stack.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatched_tokenizers_are_refused() {
+    let models = tiny_models(1);
+    let err = LocalStack::start(
+        models.draft.clone(),
+        models.target.clone(),
+        models.tokenizer.clone(),
+        LocalOptions::default(),
+    )
+    .await
+    .err()
+    .expect("the coordinator must refuse a draft with another tokenizer");
+    assert!(matches!(err, ServerError::Incompatible(_)), "{err}");
+    assert!(err.to_string().contains("tokenizer fingerprint"), "{err}");
+    let _ = Path::new(&models.draft_path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_invalid_field_is_rejected_with_its_name() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions::default()).await;
+    let base = || request("hello", pb::Mode::Sd, 8);
+    let cases: Vec<(&str, pb::GenerateRequest)> = vec![
+        ("input", pb::GenerateRequest { input: None, ..base() }),
+        ("prompt", pb::GenerateRequest { input: Some(Input::Prompt(String::new())), ..base() }),
+        (
+            "chat.messages",
+            pb::GenerateRequest { input: Some(Input::Chat(pb::ChatMessages { messages: vec![] })), ..base() },
+        ),
+        (
+            "chat.messages.role",
+            pb::GenerateRequest {
+                input: Some(Input::Chat(pb::ChatMessages {
+                    messages: vec![pb::ChatMessage { role: "wizard".into(), content: "hi".into() }],
+                })),
+                ..base()
+            },
+        ),
+        ("max_tokens", pb::GenerateRequest { max_tokens: Some(0), ..base() }),
+        ("max_tokens", pb::GenerateRequest { max_tokens: Some(1_000_000), ..base() }),
+        ("temperature", pb::GenerateRequest { temperature: Some(-1.0), ..base() }),
+        ("temperature", pb::GenerateRequest { temperature: Some(f32::NAN), ..base() }),
+        ("top_p", pb::GenerateRequest { top_p: Some(0.0), ..base() }),
+        ("top_p", pb::GenerateRequest { top_p: Some(1.5), ..base() }),
+        ("mode", pb::GenerateRequest { mode: 42, ..base() }),
+        ("k", pb::GenerateRequest { k: Some(0), ..base() }),
+        ("k", pb::GenerateRequest { k: Some(1000), ..base() }),
+        (
+            "easd.top_n",
+            pb::GenerateRequest { easd: Some(pb::EasdParams { top_n: Some(0), ..Default::default() }), ..base() },
+        ),
+        (
+            "easd.rho",
+            pb::GenerateRequest { easd: Some(pb::EasdParams { rho: Some(1.5), ..Default::default() }), ..base() },
+        ),
+        (
+            "easd.tau_draft",
+            pb::GenerateRequest {
+                easd: Some(pb::EasdParams { tau_draft: Some(-1.0), ..Default::default() }),
+                ..base()
+            },
+        ),
+        (
+            "easd.tau_target",
+            pb::GenerateRequest {
+                easd: Some(pb::EasdParams { tau_target: Some(f32::INFINITY), ..Default::default() }),
+                ..base()
+            },
+        ),
+        ("easd.order", pb::GenerateRequest { easd: Some(pb::EasdParams { order: 9, ..Default::default() }), ..base() }),
+        (
+            "easd.penalty_alpha",
+            pb::GenerateRequest {
+                easd: Some(pb::EasdParams { penalty_alpha: Some(1.0), ..Default::default() }),
+                ..base()
+            },
+        ),
+        ("stop", pb::GenerateRequest { stop: vec![String::new()], ..base() }),
+        ("logprobs", pb::GenerateRequest { logprobs: 21, ..base() }),
+        ("logprobs", pb::GenerateRequest { logprobs: 2, mode: pb::Mode::Draft as i32, ..base() }),
+    ];
+    for (field, req) in cases {
+        let status =
+            generate(&stack.coordinator_url, req).await.err().unwrap_or_else(|| panic!("{field} must be rejected"));
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        assert!(status.message().contains(&format!("invalid {field}:")), "{field}: {}", status.message());
+    }
+    // The server keeps serving after bad input.
+    assert!(generate(&stack.coordinator_url, base()).await.is_ok());
+    stack.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_logprobs_and_chat_work_together() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions::default()).await;
+    let full = generate(&stack.coordinator_url, request("abc", pb::Mode::Sd, 30)).await.unwrap();
+    // Stop at a string taken from the unconstrained output: the text ends right before it.
+    let chars: Vec<char> = full.text.chars().collect();
+    if chars.len() > 6 {
+        let stop: String = chars[4..6].iter().collect();
+        let mut req = request("abc", pb::Mode::Sd, 30);
+        req.stop = vec![stop.clone()];
+        let cut = generate(&stack.coordinator_url, req).await.unwrap();
+        let at = full.text.find(&stop).unwrap();
+        assert_eq!(cut.text, full.text[..at]);
+        assert_eq!(cut.summary.finish_reason, "stop");
+    }
+    let mut req = request("abc", pb::Mode::Sd, 10);
+    req.logprobs = 3;
+    let mut client = CoordinatorClient::connect(stack.coordinator_url.clone()).await.unwrap();
+    let mut stream = client.generate(req).await.unwrap().into_inner();
+    let mut infos = Vec::new();
+    while let Some(ev) = stream.message().await.unwrap() {
+        if let Some(pb::generate_event::Event::Delta(d)) = ev.event {
+            assert_eq!(d.logprobs.len(), d.token_ids.len());
+            infos.extend(d.logprobs);
+        }
+    }
+    assert!(!infos.is_empty());
+    for info in &infos {
+        assert!(info.logprob <= 0.0 && info.logprob.is_finite());
+        assert_eq!(info.top_logprobs.len(), 3);
+        // Greedy: the emitted token is the target's most likely one.
+        assert_eq!(info.top_logprobs[0].token, info.token);
+    }
+    let chat = pb::GenerateRequest {
+        input: Some(Input::Chat(pb::ChatMessages {
+            messages: vec![pb::ChatMessage { role: "user".into(), content: "hi".into() }],
+        })),
+        ..request("", pb::Mode::Sd, 5)
+    };
+    let out = generate(&stack.coordinator_url, chat).await.unwrap();
+    assert!(out.summary.prompt_tokens > 3, "the chat template wraps the message");
+    stack.shutdown().await;
+}
