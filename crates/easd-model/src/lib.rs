@@ -1,1 +1,60 @@
-//! placeholder
+//! Model runtime for EASD: qwen2/llama GGUF models on candle with logits for every input
+//! position and a per-session KV cache that rolls back in O(1).
+//!
+//! * [`Model`] holds the weights (shared by all sessions, `Send + Sync`); [`KvCache`] is one
+//!   session's state. `forward(cache, tokens, start_pos)` first truncates the cache to
+//!   `start_pos` — rejected draft tokens are dropped by simply starting the next forward
+//!   earlier — then returns [`Logits`] for every input position.
+//! * [`Tokenizer`] comes from the same GGUF metadata: byte-level BPE, the chat template
+//!   (rendered with minijinja), stop tokens and a fingerprint two services compare.
+//! * [`tiny`] writes small random models of the same format for tests; [`pull`] fetches the
+//!   default draft/target pair.
+//!
+//! Numerics: candle uses different CPU kernels for one row (m = 1, a GEMV) and several rows
+//! (m > 1, repacked GEMM), so scoring a block in one pass and decoding it token by token can
+//! differ by up to ~0.5 in a logit on the real models. The batched path is the reference.
+
+mod config;
+mod error;
+mod gguf;
+mod kv_cache;
+mod layers;
+mod load;
+mod logits;
+mod model;
+pub mod pull;
+mod rope;
+pub mod tiny;
+mod tokenizer;
+
+pub use candle_core::Device;
+pub use config::Architecture;
+pub use error::{Error, Result};
+pub use kv_cache::KvCache;
+pub use load::LoadStats;
+pub use logits::Logits;
+pub use model::{LoadOptions, Model, ModelInfo};
+pub use pull::{DefaultModel, ModelStatus, default_models_dir, list, pull, resolve_model};
+pub use tiny::{TinySpec, write_tiny_gguf};
+pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
+
+/// `"cpu"`, `"cuda"` or `"cuda:N"` to a device (CUDA needs the `cuda` feature).
+pub fn parse_device(s: &str) -> Result<Device> {
+    let s = s.trim();
+    let err = |reason: &str| Error::Device { spec: s.to_string(), reason: reason.to_string() };
+    if s == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    let ordinal = match s.strip_prefix("cuda") {
+        Some("") => 0,
+        Some(rest) => rest
+            .strip_prefix(':')
+            .and_then(|n| n.parse::<usize>().ok())
+            .ok_or_else(|| err("expected `cuda` or `cuda:N`"))?,
+        None => return Err(err("expected `cpu`, `cuda` or `cuda:N`")),
+    };
+    if !cfg!(feature = "cuda") {
+        return Err(err("this build has no CUDA support (build with the `cuda` feature)"));
+    }
+    Device::new_cuda(ordinal).map_err(|e| err(&e.to_string()))
+}

@@ -1,0 +1,146 @@
+//! The decoder block shared by qwen2 and llama: RMSNorm → GQA attention with RoPE → residual,
+//! RMSNorm → SwiGLU MLP → residual. Private building blocks; weights come from `load.rs`.
+
+use crate::error::Result;
+use crate::kv_cache::KvCache;
+use crate::rope::Rope;
+use candle_core::quantized::QMatMul;
+use candle_core::{Module, Tensor};
+
+pub(crate) struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
+    }
+}
+
+/// A quantized projection with an optional bias (qwen2 has q/k/v biases, llama none).
+pub(crate) struct Linear {
+    pub weight: QMatMul,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+pub(crate) struct Mlp {
+    pub gate: QMatMul,
+    pub up: QMatMul,
+    pub down: QMatMul,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
+        let up = self.up.forward(x)?;
+        Ok(self.down.forward(&(gate * up)?)?)
+    }
+}
+
+pub(crate) struct Attention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Attention {
+    /// `x`: `[1, seq, hidden]` at positions `cache.len()..`; writes this layer's keys/values.
+    fn forward(
+        &self,
+        x: &Tensor,
+        layer: usize,
+        cache: &mut KvCache,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (b, seq, _) = x.dims3()?;
+        let start = cache.len();
+        let heads = |t: Tensor, n: usize| -> Result<Tensor> {
+            Ok(t.reshape((b, seq, n, self.head_dim))?.transpose(1, 2)?.contiguous()?)
+        };
+        let q = heads(self.q.forward(x)?, self.n_heads)?;
+        let k = heads(self.k.forward(x)?, self.n_kv_heads)?;
+        let v = heads(self.v.forward(x)?, self.n_kv_heads)?;
+        let q = rope.apply(&q, start)?;
+        let k = rope.apply(&k, start)?;
+        let (k_all, v_all) = cache.append(layer, &k, &v)?;
+
+        // Grouped-query attention without copying the cache: the query heads that share one
+        // kv head are stacked along the row axis, so each kv head is used as is.
+        let n_rep = self.n_heads / self.n_kv_heads;
+        let q = q.reshape((b, self.n_kv_heads, n_rep * seq, self.head_dim))?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = (q.matmul(&k_all.t()?)? * scale)?;
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = probs.matmul(&v_all)?; // [b, n_kv, n_rep*seq, hd]
+        let out = out.reshape((b, self.n_heads, seq, self.head_dim))?.transpose(1, 2)?.reshape((
+            b,
+            seq,
+            self.n_heads * self.head_dim,
+        ))?;
+        self.o.forward(&out)
+    }
+}
+
+pub(crate) struct Block {
+    pub attn_norm: RmsNorm,
+    pub attn: Attention,
+    pub mlp_norm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+impl Block {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        layer: usize,
+        cache: &mut KvCache,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let h = self.attn.forward(&self.attn_norm.forward(x)?, layer, cache, rope, mask)?;
+        let x = (x + h)?;
+        let h = self.mlp.forward(&self.mlp_norm.forward(&x)?)?;
+        Ok((x + h)?)
+    }
+}
+
+/// Causal mask for `seq` new queries at positions `start..start+seq` over `start+seq` keys,
+/// laid out for the stacked-GQA rows (`n_rep` copies of the `seq` rows). None for one token.
+pub(crate) fn causal_mask(
+    seq: usize,
+    start: usize,
+    n_rep: usize,
+    device: &candle_core::Device,
+) -> Result<Option<Tensor>> {
+    if seq == 1 {
+        return Ok(None);
+    }
+    let total = start + seq;
+    let mut data = Vec::with_capacity(n_rep * seq * total);
+    for _ in 0..n_rep {
+        for i in 0..seq {
+            data.extend((0..total).map(|j| if j > start + i { f32::NEG_INFINITY } else { 0.0 }));
+        }
+    }
+    Ok(Some(Tensor::from_vec(data, (n_rep * seq, total), device)?))
+}

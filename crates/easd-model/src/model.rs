@@ -1,0 +1,402 @@
+//! The causal LM: qwen2 or llama decoder over quantized GGUF weights.
+//!
+//! Unlike candle-transformers' quantized models, `forward` returns logits for every input
+//! position (a verifier scores a whole draft block in one pass) and the KV cache is external,
+//! per session, and can be rolled back to any shorter length.
+
+use crate::config::{Architecture, ModelConfig};
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::kv_cache::KvCache;
+use crate::layers::{Block, RmsNorm, causal_mask};
+use crate::load::{LoadStats, load_weights};
+use crate::logits::Logits;
+use crate::rope::Rope;
+use crate::tokenizer::Tokenizer;
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How to load a model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub device: Device,
+    /// Convert Q5_0/Q5_1/Q4_1 tensors to Q8_0 at load (CPU only; see `load.rs`). Default true.
+    pub requantize: bool,
+    /// Run a short forward at load so kernels repack their weights before the first request.
+    pub warmup: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { device: Device::Cpu, requantize: true, warmup: true }
+    }
+}
+
+/// What a loaded model is.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// `general.name`, or the file stem.
+    pub name: String,
+    pub architecture: Architecture,
+    pub context_length: usize,
+    /// Rows of the embedding = width of each logits row (may exceed the tokenizer's vocabulary).
+    pub vocab_size: usize,
+    pub n_layers: usize,
+    pub hidden_size: usize,
+    pub file_bytes: u64,
+    pub device: String,
+}
+
+/// Weights shared by all sessions (Send + Sync; keep it in an `Arc`).
+pub struct Model {
+    id: u64,
+    info: ModelInfo,
+    cfg: ModelConfig,
+    tokenizer: Tokenizer,
+    embed: Arc<QTensor>,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: QMatMul,
+    rope: Rope,
+    device: Device,
+    load_stats: LoadStats,
+}
+
+static NEXT_MODEL_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Model {
+    /// Loads weights and tokenizer from one GGUF file.
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model> {
+        let mut file = GgufFile::open(path)?;
+        let cfg = ModelConfig::from_gguf(&file.content)?;
+        let tokenizer = Tokenizer::from_content(&file.content)?;
+        let weights = load_weights(&mut file, &cfg, &opts.device, opts.requantize)?;
+        let name = file
+            .content
+            .metadata
+            .get("general.name")
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+        let rope = Rope::new(
+            cfg.head_dim,
+            cfg.context_length,
+            cfg.rope_base,
+            cfg.architecture.interleaved_rope(),
+            &opts.device,
+        )?;
+        let info = ModelInfo {
+            name,
+            architecture: cfg.architecture.clone(),
+            context_length: cfg.context_length,
+            vocab_size: weights.vocab_size,
+            n_layers: cfg.n_layers,
+            hidden_size: cfg.hidden_size,
+            file_bytes: file.file_bytes,
+            device: device_name(&opts.device),
+        };
+        let model = Model {
+            id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
+            info,
+            cfg,
+            tokenizer,
+            embed: weights.embed,
+            blocks: weights.blocks,
+            norm: weights.norm,
+            lm_head: weights.lm_head,
+            rope,
+            device: opts.device.clone(),
+            load_stats: weights.stats,
+        };
+        if opts.warmup {
+            model.warmup()?;
+        }
+        Ok(model)
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn load_stats(&self) -> &LoadStats {
+        &self.load_stats
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// An empty cache for one session (allocates on first use).
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(
+            self.id,
+            self.cfg.n_layers,
+            self.cfg.n_kv_heads,
+            self.cfg.head_dim,
+            self.cfg.context_length,
+            self.device.clone(),
+        )
+    }
+
+    /// Runs `tokens` at positions `start_pos..` and returns logits for every input position.
+    ///
+    /// `start_pos` must be `<= cache.len()`; when smaller, the cache is first truncated to it
+    /// (rollback). Empty input, a start beyond the cache, an id outside the vocabulary or a
+    /// context longer than the model's maximum are errors, checked before any work.
+    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], start_pos: usize) -> Result<Logits> {
+        self.check_input(cache, tokens, start_pos)?;
+        cache.truncate(start_pos)?;
+        cache.reserve(tokens.len())?;
+        let seq = tokens.len();
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let mut x = self.embed.embedding(&ids)?;
+        let n_rep = self.cfg.n_heads / self.cfg.n_kv_heads;
+        let mask = causal_mask(seq, start_pos, n_rep, &self.device)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, i, cache, &self.rope, mask.as_ref())?;
+        }
+        cache.advance(seq);
+        let x = self.norm.forward(&x)?;
+        let logits = self.lm_head.forward(&x)?.squeeze(0)?.to_dtype(DType::F32)?;
+        let mut data = logits.flatten_all()?.to_vec1::<f32>()?;
+        // Padding rows of the embedding (152k logits vs 151.7k Qwen tokens) are no tokens:
+        // mask them so no sampler can pick an id the tokenizer cannot decode.
+        let known = self.tokenizer.vocab_size();
+        let vocab = self.info.vocab_size;
+        if known < vocab {
+            for row in data.chunks_mut(vocab) {
+                row[known..].fill(f32::NEG_INFINITY);
+            }
+        }
+        Ok(Logits::new(data, seq, vocab))
+    }
+
+    fn check_input(&self, cache: &KvCache, tokens: &[u32], start_pos: usize) -> Result<()> {
+        if cache.model_id != self.id {
+            return Err(Error::CacheMismatch { cache_model: cache.model_id, model: self.id });
+        }
+        if tokens.is_empty() {
+            return Err(Error::EmptyInput);
+        }
+        if start_pos > cache.len() {
+            return Err(Error::StartBeyondCache { start_pos, cache_len: cache.len() });
+        }
+        let end = start_pos + tokens.len();
+        if end > self.cfg.context_length {
+            return Err(Error::ContextOverflow { start_pos, end, max: self.cfg.context_length });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.info.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab_size: self.info.vocab_size });
+        }
+        Ok(())
+    }
+
+    /// Exercises the m>1 and m=1 kernel paths once so weight repacking happens at load.
+    fn warmup(&self) -> Result<()> {
+        let mut cache = self.new_cache();
+        let n = 2.min(self.cfg.context_length);
+        let ids = vec![0u32; n];
+        self.forward(&mut cache, &ids, 0)?;
+        if n < self.cfg.context_length {
+            self.forward(&mut cache, &[0], n)?;
+        }
+        Ok(())
+    }
+}
+
+fn device_name(device: &Device) -> String {
+    match device {
+        Device::Cpu => "cpu".to_string(),
+        Device::Cuda(_) => "cuda".to_string(),
+        Device::Metal(_) => "metal".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tiny::{TinySpec, write_tiny_gguf};
+
+    /// Token-by-token (m = 1) and one-pass (m > 1) logits use different matmul shapes; on the
+    /// tiny model (no repacked kernels at these sizes) they agree to float rounding.
+    const TOL: f32 = 1e-3;
+
+    fn tiny(spec: &TinySpec) -> (tempfile::TempDir, Model) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        write_tiny_gguf(&path, spec).unwrap();
+        let model = Model::load(&path, &LoadOptions::default()).unwrap();
+        (dir, model)
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    fn both() -> [TinySpec; 2] {
+        [TinySpec::qwen2(7), TinySpec::llama(7)]
+    }
+
+    #[test]
+    fn tiny_models_of_both_architectures_load_with_their_shapes() {
+        for spec in both() {
+            let (_d, m) = tiny(&spec);
+            let info = m.info();
+            assert_eq!(info.architecture, spec.architecture);
+            assert_eq!(info.n_layers, 2);
+            assert_eq!(info.hidden_size, 64);
+            assert_eq!(info.context_length, 512);
+            assert_eq!(info.vocab_size, m.tokenizer().vocab_size());
+            assert_eq!(info.name, format!("tiny-{}", spec.architecture));
+            // Q5_0, Q5_1 and Q4_1 FFN weights: three per layer.
+            assert_eq!(m.load_stats().requantized_tensors, 6);
+        }
+    }
+
+    #[test]
+    fn one_pass_logits_match_token_by_token_decoding() {
+        for spec in both() {
+            let (_d, m) = tiny(&spec);
+            let tokens = [5u32, 77, 300, 12, 256, 9, 41, 100];
+            let mut c = m.new_cache();
+            let batched = m.forward(&mut c, &tokens, 0).unwrap();
+            assert_eq!((batched.rows(), batched.vocab()), (8, m.info().vocab_size));
+            assert_eq!(c.len(), 8);
+            let mut c2 = m.new_cache();
+            for (i, &t) in tokens.iter().enumerate() {
+                let one = m.forward(&mut c2, &[t], i).unwrap();
+                let d = max_diff(one.row(0), batched.row(i));
+                assert!(d < TOL, "{} position {i}: max diff {d}", spec.architecture);
+            }
+        }
+    }
+
+    #[test]
+    fn logits_are_peaked_not_uniform() {
+        let (_d, m) = tiny(&TinySpec::qwen2(3));
+        let l = m.forward(&mut m.new_cache(), &[10, 20, 30], 0).unwrap();
+        let uniform = (l.vocab() as f32).ln();
+        for i in 0..3 {
+            let row = l.row(i);
+            let max = row.iter().copied().fold(f32::MIN, f32::max);
+            let z: f32 = row.iter().map(|x| (x - max).exp()).sum();
+            let entropy: f32 = row
+                .iter()
+                .map(|x| {
+                    let p = (x - max).exp() / z;
+                    if p > 0.0 { -p * p.ln() } else { 0.0 }
+                })
+                .sum();
+            assert!(entropy < 0.6 * uniform, "row {i}: entropy {entropy} vs uniform {uniform}");
+        }
+    }
+
+    #[test]
+    fn rollback_then_forward_equals_fresh_forward() {
+        for spec in both() {
+            let (_d, m) = tiny(&spec);
+            let (a, b, c, d, e) = (11u32, 22, 33, 44, 55);
+            let mut cache = m.new_cache();
+            m.forward(&mut cache, &[a, b, c], 0).unwrap();
+            cache.truncate(1).unwrap();
+            let rolled = m.forward(&mut cache, &[d, e], 1).unwrap();
+            let fresh = m.forward(&mut m.new_cache(), &[a, d, e], 0).unwrap();
+            for i in 0..2 {
+                let diff = max_diff(rolled.row(i), fresh.row(i + 1));
+                assert!(diff < TOL, "{} row {i}: {diff}", spec.architecture);
+            }
+            // The same through start_pos alone: forward at 1 drops d, e again.
+            let again = m.forward(&mut cache, &[d, e], 1).unwrap();
+            assert!(max_diff(again.row(1), fresh.row(2)) < TOL);
+            assert_eq!(cache.len(), 3);
+        }
+    }
+
+    #[test]
+    fn cache_grows_past_its_first_allocation_without_changing_results() {
+        let (_d, m) = tiny(&TinySpec::llama(1));
+        let tokens: Vec<u32> = (0..300).map(|i| (i * 7 % 250) as u32).collect();
+        let mut grown = m.new_cache();
+        m.forward(&mut grown, &tokens[..200], 0).unwrap();
+        let before = grown.bytes();
+        let tail = m.forward(&mut grown, &tokens[200..], 200).unwrap();
+        assert!(grown.bytes() > before);
+        let whole = m.forward(&mut m.new_cache(), &tokens, 0).unwrap();
+        assert!(max_diff(tail.row(99), whole.row(299)) < TOL);
+    }
+
+    #[test]
+    fn requantizing_slow_formats_barely_changes_logits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.gguf");
+        write_tiny_gguf(&path, &TinySpec::qwen2(9)).unwrap();
+        let plain = LoadOptions { requantize: false, ..LoadOptions::default() };
+        let a = Model::load(&path, &plain).unwrap();
+        let b = Model::load(&path, &LoadOptions::default()).unwrap();
+        assert_eq!(a.load_stats().requantized_tensors, 0);
+        let tokens = [1u32, 2, 3, 4];
+        let la = a.forward(&mut a.new_cache(), &tokens, 0).unwrap();
+        let lb = b.forward(&mut b.new_cache(), &tokens, 0).unwrap();
+        for i in 0..4 {
+            // Logits reach ~13 here; re-quantization moves them by ~1%.
+            assert!(max_diff(la.row(i), lb.row(i)) < 0.5);
+            assert_eq!(la.argmax(i), lb.argmax(i));
+        }
+    }
+
+    #[test]
+    fn bad_forward_inputs_are_errors() {
+        let (_d, m) = tiny(&TinySpec::qwen2(2));
+        let mut c = m.new_cache();
+        assert!(matches!(m.forward(&mut c, &[], 0), Err(Error::EmptyInput)));
+        assert!(matches!(m.forward(&mut c, &[1], 1), Err(Error::StartBeyondCache { start_pos: 1, cache_len: 0 })));
+        let too_long = vec![1u32; 513];
+        assert!(matches!(m.forward(&mut c, &too_long, 0), Err(Error::ContextOverflow { end: 513, max: 512, .. })));
+        let bad_id = m.info().vocab_size as u32;
+        assert!(matches!(m.forward(&mut c, &[bad_id], 0), Err(Error::TokenOutOfRange { .. })));
+        assert!(matches!(c.truncate(1), Err(Error::TruncateBeyondLength { .. })));
+        let (_d2, other) = tiny(&TinySpec::qwen2(2));
+        assert!(matches!(other.forward(&mut c, &[1], 0), Err(Error::CacheMismatch { .. })));
+        // A full context is fine; one more position is not.
+        let full = vec![1u32; 512];
+        m.forward(&mut c, &full, 0).unwrap();
+        assert!(matches!(m.forward(&mut c, &[1], 512), Err(Error::ContextOverflow { .. })));
+    }
+
+    #[test]
+    fn bad_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = LoadOptions::default();
+        let text = dir.path().join("notes.txt");
+        std::fs::write(&text, "hello, not a model").unwrap();
+        assert!(matches!(Model::load(&text, &opts), Err(Error::NotGguf { .. })));
+        assert!(matches!(Model::load(&dir.path().join("missing.gguf"), &opts), Err(Error::NotFound(_))));
+
+        let good = dir.path().join("good.gguf");
+        write_tiny_gguf(&good, &TinySpec::llama(4)).unwrap();
+        let bytes = std::fs::read(&good).unwrap();
+        let cut = dir.path().join("cut.gguf");
+        std::fs::write(&cut, &bytes[..bytes.len() - 1000]).unwrap();
+        let e = Model::load(&cut, &opts).err().unwrap();
+        assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("truncated"), "{e}");
+        let header_only = dir.path().join("header.gguf");
+        std::fs::write(&header_only, &bytes[..100]).unwrap();
+        assert!(matches!(Model::load(&header_only, &opts), Err(Error::Corrupt { .. })));
+
+        // Same file with another architecture string: patch the metadata value in place.
+        let mut patched = bytes.clone();
+        let at = patched.windows(5).position(|w| w == b"llama").unwrap();
+        patched[at..at + 5].copy_from_slice(b"mamba");
+        let other = dir.path().join("mamba.gguf");
+        std::fs::write(&other, &patched).unwrap();
+        let e = Model::load(&other, &opts).err().unwrap();
+        assert!(matches!(&e, Error::UnsupportedArchitecture(a) if a == "mamba"), "{e}");
+    }
+}
