@@ -4,7 +4,6 @@
 //! computed from them, so a worker that lost or diverged from the session is detected and re-fed the full context.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use easd_core::{DraftToken, Mode, TargetPosition, verify_block};
@@ -14,8 +13,8 @@ use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
 use super::output::StopFilter;
+use super::pool::{Lease, Pool, call_error, is_transport_failure};
 use super::request::Plan;
-use super::workers::{Replica, Workers, unavailable};
 use crate::convert::{draft_token_from_pb, penalty_to_alpha, sampling_to_pb, sparse_to_pb, target_position_from_pb};
 use crate::error::ServerError;
 use crate::prefix::HashedTokens;
@@ -46,7 +45,8 @@ struct Emitted {
 
 pub struct Generation {
     plan: Plan,
-    workers: Arc<Workers>,
+    drafts: Arc<Pool>,
+    verifiers: Arc<Pool>,
     tokenizer: Arc<Tokenizer>,
     session_id: String,
     committed: HashedTokens,
@@ -54,27 +54,43 @@ pub struct Generation {
     /// How many committed tokens each worker's cache is known to hold (0: send the full context).
     draft_synced: usize,
     verifier_synced: usize,
-    replica: Arc<Replica>,
+    /// The replicas this session is pinned to (its KV caches live there); None until first used.
+    draft: Option<Lease>,
+    verifier: Option<Lease>,
     verifiers_used: Vec<String>,
+    notes: Vec<String>,
+    /// The mode the client asked for (the plan's mode may fall back to `target`).
+    mode_name: &'static str,
     stats: Stats,
     started: Instant,
 }
 
 impl Generation {
-    pub fn new(plan: Plan, workers: Arc<Workers>, tokenizer: Arc<Tokenizer>, replica: Arc<Replica>) -> Self {
-        replica.live_sessions.fetch_add(1, Ordering::Relaxed);
+    /// `verifier`: the admitted lease (None in draft mode).
+    pub fn new(
+        plan: Plan,
+        drafts: Arc<Pool>,
+        verifiers: Arc<Pool>,
+        tokenizer: Arc<Tokenizer>,
+        verifier: Option<Lease>,
+    ) -> Self {
         let committed = HashedTokens::from_tokens(&plan.prompt_tokens);
+        let mode_name = plan.mode.name();
         Self {
             session_id: plan.request_id.clone(),
             prompt_len: plan.prompt_tokens.len(),
             committed,
             plan,
-            workers,
+            drafts,
+            verifiers,
             tokenizer,
             draft_synced: 0,
             verifier_synced: 0,
-            verifiers_used: vec![replica.url.clone()],
-            replica,
+            verifiers_used: verifier.iter().map(|l| l.replica.url.clone()).collect(),
+            draft: None,
+            verifier,
+            notes: Vec::new(),
+            mode_name,
             stats: Stats::default(),
             started: Instant::now(),
         }
@@ -134,7 +150,6 @@ impl Generation {
             }
         }
         .await;
-        self.replica.live_sessions.fetch_sub(1, Ordering::Relaxed);
         self.release_sessions();
         let finish_reason = result?;
         let summary = self.summary(finish_reason);
@@ -163,13 +178,25 @@ impl Generation {
                 Ok(vec![Emitted { token: p.sample_token, target: Some(p) }])
             }
             Mode::Draft => {
-                let drafted = self.propose(count).await?;
+                let drafted = self.propose(count).await?.ok_or_else(|| {
+                    ServerError::Unavailable(
+                        "no draft replica is available and the request asked for draft mode".into(),
+                    )
+                })?;
                 self.stats.blocks += 1;
                 self.draft_synced = self.committed.len() + drafted.len() - 1;
                 Ok(drafted.into_iter().map(|d| Emitted { token: d.token, target: None }).collect())
             }
             mode @ (Mode::Sd | Mode::Easd(_)) => {
-                let drafted = self.propose(count).await?;
+                let Some(drafted) = self.propose(count).await? else {
+                    // Without a draft the target generates alone: slower, never wrong (lossless for sd).
+                    self.notes.push(format!(
+                        "draft unavailable after {} generated tokens: continued in target mode",
+                        self.generated()
+                    ));
+                    self.plan.mode = Mode::Target;
+                    return Box::pin(self.step(room)).await;
+                };
                 let positions = self.verify(&drafted).await?;
                 let first_position = self.committed.len() as u64;
                 let outcome = verify_block(
@@ -228,32 +255,27 @@ impl Generation {
         (Some(claim), self.committed.tokens()[len..].to_vec(), false)
     }
 
-    async fn propose(&mut self, count: usize) -> Result<Vec<DraftToken>, ServerError> {
-        self.workers.ensure_draft_checked().await?;
-        for attempt in 0..2 {
-            let (claim, new_tokens, full_context) = self.claim(self.draft_synced);
-            let mut req = tonic::Request::new(pb::ProposeRequest {
-                session_id: self.session_id.clone(),
-                claim,
-                new_tokens,
-                full_context,
-                count: count as u32,
-                sampling: Some(sampling_to_pb(&self.plan.sampling, self.plan.seed)),
-                proposal_support: easd_core::DEFAULT_K_Q as u32,
-                top_n: self.plan.easd.top_n as u32,
-            });
-            req.set_timeout(self.workers.call_timeout);
-            let result = async {
-                let mut stream = self.workers.draft.clone().propose(req).await?.into_inner();
-                let mut tokens = Vec::with_capacity(count);
-                let mut seconds = 0.0;
-                while let Some(t) = stream.message().await? {
-                    seconds += f64::from(t.forward_seconds);
-                    tokens.push(t);
+    /// Drafts `count` tokens; None when no draft replica can serve (the caller falls back to target mode).
+    async fn propose(&mut self, count: usize) -> Result<Option<Vec<DraftToken>>, ServerError> {
+        let pool = self.drafts.clone();
+        let mut failed: Vec<String> = Vec::new();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            if self.draft.is_none() {
+                match pool.try_lease(&failed, false) {
+                    Some(lease) => {
+                        self.draft = Some(lease);
+                        self.draft_synced = 0;
+                    }
+                    None => return Ok(None),
                 }
-                Ok::<_, Status>((tokens, seconds))
             }
-            .await;
+            let replica = self.draft.as_ref().expect("leased above").replica.clone();
+            let result = match pool.ensure_checked(&replica).await {
+                Ok(()) => self.propose_on(&replica.draft(), count).await.map_err(|s| call_error(&replica.url, s)),
+                Err(e) => Err(e),
+            };
             match result {
                 Ok((tokens, seconds)) => {
                     if tokens.len() != count {
@@ -264,45 +286,87 @@ impl Generation {
                     }
                     self.stats.draft_forward_s += seconds;
                     self.draft_synced = self.committed.len();
-                    return tokens.into_iter().map(draft_token_from_pb).collect();
+                    return tokens.into_iter().map(draft_token_from_pb).collect::<Result<_, _>>().map(Some);
                 }
-                Err(s) if attempt == 0 && session_lost(&s) => {
+                Err(ServerError::Worker(s)) if session_lost(&s) && attempt <= pool.config.backoff.max_attempts => {
                     tracing::info!(session = %self.session_id, status = %s.message(), "draft lost the session; resending the full context");
                     self.draft_synced = 0;
                 }
-                Err(s) => {
-                    if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) {
-                        self.workers.draft_needs_check.store(true, Ordering::Relaxed);
-                    }
-                    return Err(unavailable(&self.workers.draft_url, s));
+                Err(e) if is_transport_failure(&e) || matches!(e, ServerError::Incompatible(_)) => {
+                    tracing::warn!(session = %self.session_id, error = %e, "draft replica failed");
+                    replica.mark_failed();
+                    failed.push(replica.url.clone());
+                    self.draft = None;
                 }
+                Err(e) => return Err(e),
             }
         }
-        unreachable!("the loop returns on its second attempt")
     }
 
+    async fn propose_on(
+        &self,
+        client: &easd_proto::v1::draft_client::DraftClient<tonic::transport::Channel>,
+        count: usize,
+    ) -> Result<(Vec<pb::DraftToken>, f64), Status> {
+        let (claim, new_tokens, full_context) = self.claim(self.draft_synced);
+        let mut req = tonic::Request::new(pb::ProposeRequest {
+            session_id: self.session_id.clone(),
+            claim,
+            new_tokens,
+            full_context,
+            count: count as u32,
+            sampling: Some(sampling_to_pb(&self.plan.sampling, self.plan.seed)),
+            proposal_support: easd_core::DEFAULT_K_Q as u32,
+            top_n: self.plan.easd.top_n as u32,
+        });
+        req.set_timeout(self.drafts.config.call_timeout);
+        let mut stream = client.clone().propose(req).await?.into_inner();
+        let mut tokens = Vec::with_capacity(count);
+        let mut seconds = 0.0;
+        while let Some(t) = stream.message().await? {
+            seconds += f64::from(t.forward_seconds);
+            tokens.push(t);
+        }
+        Ok((tokens, seconds))
+    }
+
+    /// Scores `block` on the pinned verifier; on a transport failure the session moves to another healthy replica,
+    /// which rebuilds the cache from the committed tokens. Gives up with UNAVAILABLE after the retry budget.
     async fn verify(&mut self, block: &[DraftToken]) -> Result<Vec<TargetPosition>, ServerError> {
-        self.workers.ensure_replica_checked(&self.replica).await?;
-        for attempt in 0..2 {
-            let (claim, new_tokens, full_context) = self.claim(self.verifier_synced);
-            let mut req = tonic::Request::new(pb::VerifyRequest {
-                session_id: self.session_id.clone(),
-                claim,
-                new_tokens,
-                full_context,
-                block: block
-                    .iter()
-                    .map(|d| pb::DraftedToken { token: d.token, proposal: Some(sparse_to_pb(&d.proposal)) })
-                    .collect(),
-                sampling: Some(sampling_to_pb(&self.plan.sampling, self.plan.seed)),
-                top_n: self.plan.easd.top_n as u32,
-                penalty_alpha: penalty_to_alpha(self.plan.easd.penalty),
-                logprobs: self.plan.logprobs as u32,
-            });
-            req.set_timeout(self.workers.call_timeout);
-            match self.replica.client.clone().verify(req).await {
+        let pool = self.verifiers.clone();
+        let backoff = pool.config.backoff;
+        let mut last_error = None;
+        for attempt in 1..=backoff.max_attempts {
+            if self.verifier.is_none() {
+                let failed_url = last_error.as_ref().map(|(url, _): &(String, ServerError)| url.clone());
+                let exclude: Vec<String> = failed_url.into_iter().collect();
+                // Prefer another replica; the failed one is retried only when it is the only one left.
+                match pool.try_lease(&exclude, false).or_else(|| pool.try_lease(&[], false)) {
+                    Some(lease) => {
+                        if !self.verifiers_used.contains(&lease.replica.url) {
+                            self.verifiers_used.push(lease.replica.url.clone());
+                        }
+                        if last_error.is_some() {
+                            self.stats.failovers += 1;
+                            tracing::warn!(session = %self.session_id, to = %lease.replica.url, "failing over");
+                        }
+                        self.verifier = Some(lease);
+                        self.verifier_synced = 0;
+                    }
+                    None => {
+                        backoff.wait(attempt).await;
+                        pool.probe_all().await;
+                        continue;
+                    }
+                }
+            }
+            let replica = self.verifier.as_ref().expect("leased above").replica.clone();
+            let result = match pool.ensure_checked(&replica).await {
+                Ok(()) => self.verify_on(&replica.verifier(), block).await.map_err(|s| call_error(&replica.url, s)),
+                Err(e) => Err(e),
+            };
+            match result {
                 Ok(resp) => {
-                    let resp = resp.into_inner();
                     if resp.positions.len() != block.len() + 1 {
                         return Err(ServerError::Internal(format!(
                             "verifier sent {} positions for a block of {}",
@@ -315,19 +379,48 @@ impl Generation {
                     self.verifier_synced = self.committed.len();
                     return Ok(resp.positions.into_iter().map(target_position_from_pb).collect());
                 }
-                Err(s) if attempt == 0 && session_lost(&s) => {
+                Err(ServerError::Worker(s)) if session_lost(&s) => {
                     tracing::info!(session = %self.session_id, status = %s.message(), "verifier lost the session; resending the full context");
                     self.verifier_synced = 0;
                 }
-                Err(s) => {
-                    if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) {
-                        self.replica.needs_check.store(true, Ordering::Relaxed);
-                    }
-                    return Err(unavailable(&self.replica.url, s));
+                Err(e) if is_transport_failure(&e) || matches!(e, ServerError::Incompatible(_)) => {
+                    tracing::warn!(session = %self.session_id, error = %e, "verifier replica failed");
+                    replica.mark_failed();
+                    self.verifier = None;
+                    last_error = Some((replica.url.clone(), e));
                 }
+                Err(e) => return Err(e),
             }
         }
-        unreachable!("the loop returns on its second attempt")
+        let reason = last_error.map_or_else(|| "no replica was healthy".to_owned(), |(_, e)| e.to_string());
+        Err(ServerError::Unavailable(format!(
+            "no verifier replica could serve the session after {} attempts: {reason}",
+            backoff.max_attempts
+        )))
+    }
+
+    async fn verify_on(
+        &self,
+        client: &easd_proto::v1::verifier_client::VerifierClient<tonic::transport::Channel>,
+        block: &[DraftToken],
+    ) -> Result<pb::VerifyResponse, Status> {
+        let (claim, new_tokens, full_context) = self.claim(self.verifier_synced);
+        let mut req = tonic::Request::new(pb::VerifyRequest {
+            session_id: self.session_id.clone(),
+            claim,
+            new_tokens,
+            full_context,
+            block: block
+                .iter()
+                .map(|d| pb::DraftedToken { token: d.token, proposal: Some(sparse_to_pb(&d.proposal)) })
+                .collect(),
+            sampling: Some(sampling_to_pb(&self.plan.sampling, self.plan.seed)),
+            top_n: self.plan.easd.top_n as u32,
+            penalty_alpha: penalty_to_alpha(self.plan.easd.penalty),
+            logprobs: self.plan.logprobs as u32,
+        });
+        req.set_timeout(self.verifiers.config.call_timeout);
+        Ok(client.clone().verify(req).await?.into_inner())
     }
 
     fn token_info(&self, e: &Emitted) -> pb::TokenInfo {
@@ -348,19 +441,18 @@ impl Generation {
         }
     }
 
-    /// Frees the session's caches on the workers, without making the client wait.
+    /// Frees the session's caches on the workers it is pinned to, without making the client wait.
     fn release_sessions(&self) {
         let req = pb::ReleaseRequest { session_id: self.session_id.clone() };
-        let mut draft = self.workers.draft.clone();
-        let mut verifier = self.replica.client.clone();
-        let uses_draft = self.plan.mode != Mode::Target;
-        let uses_verifier = self.plan.mode != Mode::Draft;
+        let draft = self.draft.as_ref().map(|l| l.replica.draft());
+        let verifier = self.verifier.as_ref().map(|l| l.replica.verifier());
+        let timeout = self.verifiers.config.call_timeout.min(std::time::Duration::from_secs(5));
         tokio::spawn(async move {
-            if uses_draft {
-                let _ = draft.release(req.clone()).await;
+            if let Some(mut d) = draft {
+                let _ = tokio::time::timeout(timeout, d.release(req.clone())).await;
             }
-            if uses_verifier {
-                let _ = verifier.release(req).await;
+            if let Some(mut v) = verifier {
+                let _ = tokio::time::timeout(timeout, v.release(req)).await;
             }
         });
     }
@@ -370,7 +462,7 @@ impl Generation {
         let generated = self.generated() as u32;
         let s = &self.stats;
         pb::Summary {
-            mode: self.plan.mode.name().to_owned(),
+            mode: self.mode_name.to_owned(),
             prompt_tokens: self.prompt_len as u32,
             generated_tokens: generated,
             wall_s,
@@ -391,7 +483,7 @@ impl Generation {
             target_forward_seconds: s.target_forward_s,
             overhead_seconds: (wall_s - s.draft_forward_s - s.target_forward_s).max(0.0),
             triggers: s.triggers.clone(),
-            note: String::new(),
+            note: self.notes.join("; "),
             request_id: self.plan.request_id.clone(),
         }
     }

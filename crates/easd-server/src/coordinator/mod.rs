@@ -3,8 +3,10 @@
 
 mod generation;
 pub mod output;
+pub mod policy;
+pub mod pool;
 pub mod request;
-pub mod workers;
+pub mod retry;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,17 +22,20 @@ use tracing::Instrument;
 use crate::error::ServerError;
 pub use generation::EventSender;
 use generation::Generation;
+use pool::{Pool, PoolConfig, Role};
 use request::{Plan, PlanContext, easd_params_to_pb, plan};
-use workers::Workers;
 
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
-    pub draft_url: String,
+    /// Draft replicas; a session fails over between them, and falls back to target mode when none is left.
+    pub draft_urls: Vec<String>,
     pub verifier_urls: Vec<String>,
+    /// `host:port` re-resolved periodically for verifier replicas (a Kubernetes headless service), instead of
+    /// or besides nothing: when set, `verifier_urls` is ignored.
+    pub verifier_dns: Option<String>,
     /// Default EASD parameters (DESIGN §2.2; a calibration file replaces the thresholds).
     pub default_easd: EasdParams,
-    /// Deadline of every call to a worker.
-    pub call_timeout: Duration,
+    pub pool: PoolConfig,
     /// How long start-up waits for the workers to answer `Info`.
     pub startup_timeout: Duration,
 }
@@ -38,17 +43,19 @@ pub struct CoordinatorConfig {
 impl CoordinatorConfig {
     pub fn new(draft_url: impl Into<String>, verifier_urls: Vec<String>) -> Self {
         Self {
-            draft_url: draft_url.into(),
+            draft_urls: vec![draft_url.into()],
             verifier_urls,
+            verifier_dns: None,
             default_easd: EasdParams::default(),
-            call_timeout: Duration::from_secs(60),
+            pool: PoolConfig::default(),
             startup_timeout: Duration::from_secs(60),
         }
     }
 }
 
 pub struct Coordinator {
-    workers: Arc<Workers>,
+    drafts: Arc<Pool>,
+    verifiers: Arc<Pool>,
     tokenizer: Arc<Tokenizer>,
     context_length: usize,
     default_easd: EasdParams,
@@ -59,33 +66,48 @@ pub struct Coordinator {
 impl Coordinator {
     /// Connects to the workers and refuses to start when their tokenizers differ from `tokenizer` (the target's).
     pub async fn connect(config: CoordinatorConfig, tokenizer: Arc<Tokenizer>) -> Result<Arc<Self>, ServerError> {
-        let workers = Arc::new(Workers::new(
-            &config.draft_url,
-            &config.verifier_urls,
-            tokenizer.fingerprint().to_owned(),
-            config.call_timeout,
-        )?);
-        let deadline = tokio::time::Instant::now() + config.startup_timeout;
-        let draft_info = retry_until(deadline, || workers.draft_info()).await?;
-        let mut verifier_infos = Vec::new();
-        for replica in &workers.replicas {
-            verifier_infos.push(retry_until(deadline, || workers.replica_info(replica)).await?);
+        let fingerprint = tokenizer.fingerprint().to_owned();
+        if config.draft_urls.is_empty() {
+            return Err(ServerError::invalid("draft", "at least one draft URL is required"));
         }
-        let context_length = verifier_infos
-            .iter()
-            .map(|i| i.context_length as usize)
-            .chain([draft_info.context_length as usize])
-            .min()
-            .unwrap_or(0);
-        tracing::info!(draft = %draft_info.name, verifiers = verifier_infos.len(), context_length, "coordinator connected");
+        let drafts = Pool::new(Role::Draft, &config.draft_urls, &fingerprint, config.pool.clone())?;
+        let verifiers = match &config.verifier_dns {
+            Some(name) => Pool::from_dns(Role::Verifier, name, &fingerprint, config.pool.clone()).await?,
+            None if config.verifier_urls.is_empty() => {
+                return Err(ServerError::invalid("verifier", "at least one verifier URL (or a DNS name) is required"));
+            }
+            None => Pool::new(Role::Verifier, &config.verifier_urls, &fingerprint, config.pool.clone())?,
+        };
+        let draft_infos = drafts.connect(config.startup_timeout).await?;
+        let verifier_infos = verifiers.connect(config.startup_timeout).await?;
+        drafts.spawn_health_checker();
+        verifiers.spawn_health_checker();
+        let context_length =
+            verifier_infos.iter().chain(&draft_infos).map(|i| i.context_length as usize).min().unwrap_or(0);
+        tracing::info!(
+            drafts = draft_infos.len(),
+            verifiers = verifier_infos.len(),
+            context_length,
+            "coordinator connected"
+        );
         Ok(Arc::new(Self {
-            workers,
+            drafts,
+            verifiers,
             tokenizer,
             context_length,
             default_easd: config.default_easd,
-            draft_info,
+            draft_info: draft_infos[0].clone(),
             verifier_infos,
         }))
+    }
+
+    /// The verifier pool (replica health and load), for metrics and tests.
+    pub fn verifier_pool(&self) -> &Arc<Pool> {
+        &self.verifiers
+    }
+
+    pub fn draft_pool(&self) -> &Arc<Pool> {
+        &self.drafts
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -113,13 +135,21 @@ impl Coordinator {
     /// Runs a validated plan, streaming deltas into `tx` and ending with the summary event.
     /// Returns the summary (or the error, which is also sent as the stream's final status).
     pub async fn generate(&self, plan: Plan, tx: EventSender) -> Result<pb::Summary, ServerError> {
-        let replica = self
-            .workers
-            .pick_replica(&[])
-            .ok_or_else(|| ServerError::Unavailable("no verifier replica is configured".into()))?;
         let span = tracing::info_span!("session", id = %plan.request_id, mode = plan.mode.name(), k = plan.k);
-        let generation = Generation::new(plan, self.workers.clone(), self.tokenizer.clone(), replica);
-        match generation.run(&tx).instrument(span).await {
+        let admitted = match plan.mode {
+            easd_core::Mode::Draft => Ok(None),
+            _ => self.verifiers.admit().await.map(Some),
+        };
+        let result = match admitted {
+            Ok(lease) => {
+                Generation::new(plan, self.drafts.clone(), self.verifiers.clone(), self.tokenizer.clone(), lease)
+                    .run(&tx)
+                    .instrument(span)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match result {
             Ok(summary) => {
                 let event = pb::GenerateEvent { event: Some(pb::generate_event::Event::Summary(summary.clone())) };
                 let _ = tx.send(Ok(event)).await;
@@ -131,27 +161,6 @@ impl Coordinator {
                 let _ = tx.send(Err(status)).await;
                 Err(e)
             }
-        }
-    }
-}
-
-async fn retry_until<T, F, Fut>(deadline: tokio::time::Instant, mut f: F) -> Result<T, ServerError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, ServerError>>,
-{
-    let mut wait = Duration::from_millis(50);
-    loop {
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e @ (ServerError::Unavailable(_) | ServerError::DeadlineExceeded(_)))
-                if tokio::time::Instant::now() + wait < deadline =>
-            {
-                tracing::debug!(error = %e, "worker not ready yet");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(1));
-            }
-            Err(e) => return Err(e),
         }
     }
 }
