@@ -62,6 +62,22 @@ impl ReceivedSpan {
     pub fn is_child_of(&self, parent: &ReceivedSpan) -> bool {
         self.trace_id == parent.trace_id && self.parent_span_id.as_deref() == Some(parent.span_id.as_str())
     }
+
+    /// Whether `ancestor` is reached by following parent links through `spans` (any depth).
+    pub fn descends_from(&self, ancestor: &ReceivedSpan, spans: &[ReceivedSpan]) -> bool {
+        let mut current = self;
+        // Bounded by the number of spans, so a malformed cycle cannot loop forever.
+        for _ in 0..spans.len() {
+            if current.is_child_of(ancestor) {
+                return true;
+            }
+            match spans.iter().find(|s| current.is_child_of(s)) {
+                Some(parent) => current = parent,
+                None => return false,
+            }
+        }
+        false
+    }
 }
 
 /// A running OTLP/gRPC trace receiver on `127.0.0.1`; stops when dropped.
@@ -276,6 +292,36 @@ mod tests {
             }]
         );
         assert_eq!(spans[0].attribute("session_id"), Some("s-1"));
+    }
+
+    fn span(id: &str, parent: Option<&str>) -> ReceivedSpan {
+        ReceivedSpan {
+            trace_id: "t".into(),
+            span_id: id.into(),
+            parent_span_id: parent.map(str::to_owned),
+            name: id.into(),
+            kind: "internal",
+            service_name: "s".into(),
+            attributes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn descent_follows_parent_links_at_any_depth_and_survives_cycles() {
+        let spans = vec![
+            span("root", None),
+            span("step", Some("root")),
+            span("call", Some("step")),
+            span("other", None),
+            span("loop-a", Some("loop-b")),
+            span("loop-b", Some("loop-a")),
+        ];
+        let [root, step, call, other, loop_a, _] = &spans[..] else { unreachable!() };
+        assert!(call.descends_from(root, &spans));
+        assert!(call.descends_from(step, &spans));
+        assert!(!root.descends_from(call, &spans));
+        assert!(!call.descends_from(other, &spans));
+        assert!(!loop_a.descends_from(root, &spans));
     }
 
     #[tokio::test]
