@@ -112,12 +112,7 @@ impl CalibrationConfig {
         if !(0.0..=100.0).contains(&self.percentile) {
             return Err(Error::invalid("percentile", format!("must be in [0, 100], got {}", self.percentile)));
         }
-        EasdSettings {
-            top_n: Some(self.top_n),
-            rho: Some(self.rho),
-            ..EasdSettings::default()
-        }
-        .validate()
+        EasdSettings { top_n: Some(self.top_n), rho: Some(self.rho), ..EasdSettings::default() }.validate()
     }
 }
 
@@ -176,10 +171,8 @@ pub struct CalibrationFile {
 impl CalibrationFile {
     pub fn load(path: &Path) -> Result<CalibrationFile> {
         let text = std::fs::read_to_string(path).map_err(Error::io(path))?;
-        let file: CalibrationFile = serde_json::from_str(&text).map_err(|source| Error::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let file: CalibrationFile =
+            serde_json::from_str(&text).map_err(|source| Error::Json { path: path.to_path_buf(), source })?;
         if file.format != CALIBRATION_FORMAT {
             return Err(Error::invalid(
                 "format",
@@ -196,10 +189,8 @@ impl CalibrationFile {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
         }
-        let json = serde_json::to_string_pretty(self).map_err(|source| Error::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let json =
+            serde_json::to_string_pretty(self).map_err(|source| Error::Json { path: path.to_path_buf(), source })?;
         std::fs::write(path, json + "\n").map_err(Error::io(path))
     }
 
@@ -247,13 +238,7 @@ impl CalibrationFile {
             .map(|&p| {
                 let (td, tt) = (draft_stats.quantiles[p as usize], target_stats.quantiles[p as usize]);
                 let (both_uncertain, fires) = gate(td, tt);
-                GateRate {
-                    percentile: p,
-                    tau_draft: td,
-                    tau_target: tt,
-                    both_uncertain,
-                    fires,
-                }
+                GateRate { percentile: p, tau_draft: td, tau_target: tt, both_uncertain, fires }
             })
             .collect();
         let mut file = CalibrationFile {
@@ -323,7 +308,13 @@ pub fn run_calibration(
     if start == end {
         return Err(Error::invalid(
             "range",
-            format!("{}..{} holds no line of {} ({} lines)", config.range.0, config.range.1, config.dataset.display(), problems.len()),
+            format!(
+                "{}..{} holds no line of {} ({} lines)",
+                config.range.0,
+                config.range.1,
+                config.dataset.display(),
+                problems.len()
+            ),
         ));
     }
     let chosen = sample_indices(end - start, config.questions, config.seed);
@@ -331,10 +322,7 @@ pub fn run_calibration(
     let mut samples = Vec::new();
     for (done, &offset) in chosen.iter().enumerate() {
         let problem = &problems[start + offset];
-        let scoring = |source| Error::Scoring {
-            question: problem.index,
-            source,
-        };
+        let scoring = |source| Error::Scoring { question: problem.index, source };
         let messages = config.prompt.messages(&problem.question);
         let answer = match &problem.answer {
             Some(a) => solution_text(a),
@@ -344,7 +332,8 @@ pub fn run_calibration(
         let t = target.score(&messages, &answer, config.temperature, top_n).map_err(scoring)?;
         if d.len() != t.len() {
             return Err(scoring(
-                format!("draft scored {} positions, target {}: the models must share a tokenizer", d.len(), t.len()).into(),
+                format!("draft scored {} positions, target {}: the models must share a tokenizer", d.len(), t.len())
+                    .into(),
             ));
         }
         samples.extend(d.iter().zip(&t).map(|(d, t)| PairedEntropy {
@@ -379,12 +368,20 @@ mod tests {
             format!("fake-{}", self.scale)
         }
 
-        fn score(&self, _: &[ChatMessage], answer: &str, temperature: f32, n: usize) -> Result<Vec<ScoredPosition>, BoxError> {
+        fn score(
+            &self,
+            _: &[ChatMessage],
+            answer: &str,
+            temperature: f32,
+            n: usize,
+        ) -> Result<Vec<ScoredPosition>, BoxError> {
             Ok(answer
                 .bytes()
                 .map(|b| ScoredPosition {
                     entropy: self.scale * temperature * f32::from(b % 10),
-                    top_n: (0..n as u32).map(|i| if (i as usize) < self.shared_top { i } else { (self.scale * 1000.0) as u32 + i }).collect(),
+                    top_n: (0..n as u32)
+                        .map(|i| if (i as usize) < self.shared_top { i } else { (self.scale * 1000.0) as u32 + i })
+                        .collect(),
                 })
                 .collect())
         }
@@ -462,7 +459,8 @@ mod tests {
         let (d, t) = back.taus_at(95.5).unwrap();
         assert!((d - 1.90045).abs() < 1e-4 && (t - d / 2.0).abs() < 1e-4, "{d} {t}");
         assert_eq!(back.easd_settings().tau_draft, Some(back.recommended.tau_draft));
-        std::fs::write(&path, serde_json::to_string(&CalibrationFile { format: "other".into(), ..file }).unwrap()).unwrap();
+        std::fs::write(&path, serde_json::to_string(&CalibrationFile { format: "other".into(), ..file }).unwrap())
+            .unwrap();
         assert!(CalibrationFile::load(&path).unwrap_err().to_string().contains("format"));
     }
 

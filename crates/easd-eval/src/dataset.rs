@@ -40,12 +40,7 @@ pub fn load_problems(path: &Path) -> Result<Vec<Problem>> {
             reason: e.to_string(),
         })?;
         let expected = parsed.answer.as_deref().and_then(reference_answer);
-        out.push(Problem {
-            index: out.len(),
-            question: parsed.question,
-            answer: parsed.answer,
-            expected,
-        });
+        out.push(Problem { index: out.len(), question: parsed.question, answer: parsed.answer, expected });
     }
     Ok(out)
 }

@@ -12,11 +12,7 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("{path} line {line}: {reason}")]
-    Dataset {
-        path: PathBuf,
-        line: usize,
-        reason: String,
-    },
+    Dataset { path: PathBuf, line: usize, reason: String },
     #[error("{path}: invalid JSON: {source}")]
     Json {
         path: PathBuf,
@@ -56,9 +52,6 @@ impl Error {
     }
 
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
-        Error::InvalidValue {
-            field,
-            reason: reason.into(),
-        }
+        Error::InvalidValue { field, reason: reason.into() }
     }
 }

@@ -34,13 +34,7 @@ const ANSWER_PHRASES: [&str; 4] = ["answer is", "final answer", "answer:", "answ
 pub fn extract_answer(output: &str) -> Option<ExtractedAnswer> {
     // LaTeX thousands separators (`1{,}234`) would otherwise split the number.
     let text = output.replace("{,}", ",");
-    let found = |source, hit: Option<NumberHit>| {
-        hit.map(|h| ExtractedAnswer {
-            value: h.value,
-            text: h.text,
-            source,
-        })
-    };
+    let found = |source, hit: Option<NumberHit>| hit.map(|h| ExtractedAnswer { value: h.value, text: h.text, source });
     found(AnswerSource::Boxed, boxed(&text))
         .or_else(|| found(AnswerSource::Hashes, after_hashes(&text)))
         .or_else(|| found(AnswerSource::Phrase, after_phrase(&text)))
@@ -102,9 +96,7 @@ fn boxed(text: &str) -> Option<NumberHit> {
 /// `\frac{a}{b}` / `\dfrac{a}{b}` / `a/b` as the whole answer.
 fn fraction(content: &str) -> Option<NumberHit> {
     let stripped: String = content.chars().filter(|c| !c.is_whitespace()).collect();
-    let (num, den) = if let Some(rest) = stripped
-        .strip_prefix("\\frac{")
-        .or_else(|| stripped.strip_prefix("\\dfrac{"))
+    let (num, den) = if let Some(rest) = stripped.strip_prefix("\\frac{").or_else(|| stripped.strip_prefix("\\dfrac{"))
     {
         let (a, b) = rest.split_once("}{")?;
         (a.to_string(), b.strip_suffix('}')?.to_string())
@@ -113,10 +105,7 @@ fn fraction(content: &str) -> Option<NumberHit> {
         (a.to_string(), b.to_string())
     };
     let (a, b) = (single_number(&num)?, single_number(&den)?);
-    (b != 0.0).then(|| NumberHit {
-        value: a / b,
-        text: format!("{num}/{den}"),
-    })
+    (b != 0.0).then(|| NumberHit { value: a / b, text: format!("{num}/{den}") })
 }
 
 /// `s` must be exactly one number (nothing else but `$`).
@@ -128,8 +117,7 @@ fn single_number(s: &str) -> Option<f64> {
 
 /// The first number after the last `####` that is followed by one.
 fn after_hashes(text: &str) -> Option<NumberHit> {
-    text.rmatch_indices("####")
-        .find_map(|(i, _)| first_number_on_line(&text[i + 4..]))
+    text.rmatch_indices("####").find_map(|(i, _)| first_number_on_line(&text[i + 4..]))
 }
 
 /// The number after the last answer phrase that is followed by one (same line, or the next non-empty line when the
@@ -138,14 +126,10 @@ fn after_phrase(text: &str) -> Option<NumberHit> {
     let lower = text.to_lowercase();
     // Lowercasing can change byte lengths for some scripts; fall back to the original when it does.
     let haystack = if lower.len() == text.len() { &lower } else { text };
-    let mut hits: Vec<usize> = ANSWER_PHRASES
-        .iter()
-        .flat_map(|p| haystack.match_indices(p).map(|(i, m)| i + m.len()))
-        .collect();
+    let mut hits: Vec<usize> =
+        ANSWER_PHRASES.iter().flat_map(|p| haystack.match_indices(p).map(|(i, m)| i + m.len())).collect();
     hits.sort_unstable();
-    hits.into_iter()
-        .rev()
-        .find_map(|end| first_number_on_line(&text[end..]))
+    hits.into_iter().rev().find_map(|end| first_number_on_line(&text[end..]))
 }
 
 /// The first number on the first non-empty line of `s`.
@@ -221,7 +205,11 @@ mod tests {
     const TABLE: &[(&str, Option<f64>, AnswerSource)] = &[
         ("Natalia sold 48/2 = 24 clips in May.\nAltogether 48 + 24 = 72.\n#### 72", Some(72.0), AnswerSource::Hashes),
         ("So the total is $1,234.50.\n\nThe answer is $1,234.50.", Some(1234.5), AnswerSource::Phrase),
-        ("Step 1: 3 * 4 = 12\nStep 2: 12 + 6 = 18\n\nThe final answer is $\\boxed{18}$.", Some(18.0), AnswerSource::Boxed),
+        (
+            "Step 1: 3 * 4 = 12\nStep 2: 12 + 6 = 18\n\nThe final answer is $\\boxed{18}$.",
+            Some(18.0),
+            AnswerSource::Boxed,
+        ),
         ("Therefore, Weng earned \\(\\boxed{\\$10}\\).", Some(10.0), AnswerSource::Boxed),
         ("The temperature dropped to -5 degrees, so the answer is -5.", Some(-5.0), AnswerSource::Phrase),
         ("She has 5 apples and buys 3 more, so she has 8 apples.", Some(8.0), AnswerSource::LastNumber),

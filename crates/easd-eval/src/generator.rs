@@ -82,12 +82,7 @@ pub struct Sampling {
 
 impl Default for Sampling {
     fn default() -> Self {
-        Sampling {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-        }
+        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
     }
 }
 
@@ -257,26 +252,16 @@ mod tests {
 
     #[test]
     fn settings_validation_names_the_field() {
-        let bad = EasdSettings {
-            rho: Some(1.5),
-            ..EasdSettings::default()
-        };
+        let bad = EasdSettings { rho: Some(1.5), ..EasdSettings::default() };
         assert!(bad.validate().unwrap_err().to_string().contains("rho"));
-        let bad = Sampling {
-            top_p: 0.0,
-            ..Sampling::default()
-        };
+        let bad = Sampling { top_p: 0.0, ..Sampling::default() };
         assert!(bad.validate().unwrap_err().to_string().contains("top_p"));
         assert_eq!(Sampling::default().entropy_temperature(), 1.0);
     }
 
     #[test]
     fn tokens_are_attributed_to_the_model_that_produced_them() {
-        let s = GenerationSummary {
-            generated_tokens: 10,
-            accepted_tokens: 7,
-            ..GenerationSummary::default()
-        };
+        let s = GenerationSummary { generated_tokens: 10, accepted_tokens: 7, ..GenerationSummary::default() };
         assert_eq!(s.token_sources(Mode::Sd), (7, 3));
         assert_eq!(s.token_sources(Mode::Target), (0, 10));
         assert_eq!(s.token_sources(Mode::Draft), (10, 0));

@@ -18,16 +18,18 @@ mod dataset;
 mod error;
 mod extract;
 mod generator;
+mod output;
 mod plots;
 mod progress;
 mod report;
 mod results;
 mod run;
 pub mod stats;
+mod sweep;
 
 pub use calibrate::{
-    CALIBRATION_FORMAT, CalibrationConfig, CalibrationFile, EntropyScorer, GateRate, ModelEntropy, PERCENTILES, PairedEntropy,
-    Recommendation, ScoredPosition, run_calibration,
+    CALIBRATION_FORMAT, CalibrationConfig, CalibrationFile, EntropyScorer, GateRate, ModelEntropy, PERCENTILES,
+    PairedEntropy, Recommendation, ScoredPosition, run_calibration,
 };
 pub use dataset::{Problem, load_problems, sample_indices, slice, solution_text};
 pub use error::{BoxError, Error, Result};
@@ -36,8 +38,13 @@ pub use generator::{
     ChatMessage, EasdOrder, EasdSettings, EvalRequest, Generation, GenerationSummary, Generator, Mode, Sampling,
     Trigger,
 };
+pub use output::{ReportFiles, write_report};
 pub use plots::{EntropyPanel, SweepSeries, accuracy_plot, entropy_plot, sweep_plot};
 pub use progress::{BarProgress, NoProgress, Progress};
 pub use report::{PairTest, Report, ReportContext, VariantStats, render_markdown, summarize};
 pub use results::{ResultRecord, ResultsFile, read_results};
 pub use run::{EvalConfig, EvalRun, PromptTemplate, Variant, run_eval, run_problems};
+pub use sweep::{
+    CALIBRATION_LINES, DEVELOPMENT_LINES, HELD_OUT_FROM, SweepConfig, SweepGrid, SweepPoint, SweepRun, run_sweep,
+    sweep_points, write_sweep_report,
+};

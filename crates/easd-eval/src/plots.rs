@@ -12,10 +12,7 @@ const WIDTH: u32 = 900;
 const HEIGHT: u32 = 520;
 
 fn plot_err(path: &Path) -> impl Fn(&dyn std::fmt::Display) -> Error + '_ {
-    move |e| Error::Plot {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    }
+    move |e| Error::Plot { path: path.to_path_buf(), reason: e.to_string() }
 }
 
 macro_rules! tryp {
@@ -44,6 +41,7 @@ pub fn accuracy_plot(path: &Path, report: &Report) -> Result<()> {
         path,
         chart
             .configure_mesh()
+            .label_style(("sans-serif", 14))
             .disable_x_mesh()
             .x_labels(n.max(1) as usize + 2)
             .x_label_formatter(&fmt)
@@ -65,13 +63,11 @@ pub fn accuracy_plot(path: &Path, report: &Report) -> Result<()> {
     );
     tryp!(
         path,
-        chart.draw_series(
-            report
-                .variants
-                .iter()
-                .enumerate()
-                .map(|(i, v)| Circle::new((i as i32, 100.0 * v.accuracy), 5, BLUE.filled()))
-        )
+        chart.draw_series(report.variants.iter().enumerate().map(|(i, v)| Circle::new(
+            (i as i32, 100.0 * v.accuracy),
+            5,
+            BLUE.filled()
+        )))
     );
     tryp!(path, root.present());
     Ok(())
@@ -102,7 +98,7 @@ pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: O
             .y_label_area_size(60)
             .build_cartesian_2d((lo - pad)..(hi + pad), 0f64..100f64)
     );
-    tryp!(path, chart.configure_mesh().x_desc(x_desc).y_desc("accuracy (%)").draw());
+    tryp!(path, chart.configure_mesh().label_style(("sans-serif", 14)).x_desc(x_desc).y_desc("accuracy (%)").draw());
     if let Some((name, acc)) = baseline {
         let style = BLACK.stroke_width(1);
         let dashes = DashedLineSeries::new([(lo - pad, 100.0 * acc), (hi + pad, 100.0 * acc)], 8, 6, style);
@@ -120,19 +116,14 @@ pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: O
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         tryp!(
             path,
-            chart.draw_series(points.iter().map(|p| {
-                ErrorBar::new_vertical(p.0, 100.0 * p.2.low, 100.0 * p.1, 100.0 * p.2.high, color, 8)
-            }))
+            chart.draw_series(
+                points
+                    .iter()
+                    .map(|p| { ErrorBar::new_vertical(p.0, 100.0 * p.2.low, 100.0 * p.1, 100.0 * p.2.high, color, 8) })
+            )
         );
     }
-    tryp!(
-        path,
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-    );
+    tryp!(path, chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw());
     tryp!(path, root.present());
     Ok(())
 }
@@ -158,11 +149,7 @@ pub fn entropy_plot(path: &Path, panels: &[EntropyPanel]) -> Result<()> {
     for (panel, area) in panels.iter().zip(&areas) {
         let steps = |h: &Histogram| -> Vec<(f64, f64)> {
             let w = h.bin_width as f64;
-            h.densities()
-                .iter()
-                .enumerate()
-                .flat_map(|(i, &d)| [(i as f64 * w, d), ((i + 1) as f64 * w, d)])
-                .collect()
+            h.densities().iter().enumerate().flat_map(|(i, &d)| [(i as f64 * w, d), ((i + 1) as f64 * w, d)]).collect()
         };
         let all = steps(&panel.all_positions);
         let trig = steps(&panel.triggered);
@@ -177,7 +164,10 @@ pub fn entropy_plot(path: &Path, panels: &[EntropyPanel]) -> Result<()> {
                 .y_label_area_size(50)
                 .build_cartesian_2d(0f64..x_max, 0f64..y_max)
         );
-        tryp!(path, chart.configure_mesh().x_desc("entropy (nats)").y_desc("density").draw());
+        tryp!(
+            path,
+            chart.configure_mesh().label_style(("sans-serif", 13)).x_desc("entropy (nats)").y_desc("density").draw()
+        );
         let all_label = format!("all positions (n = {})", panel.all_positions.total());
         tryp!(path, chart.draw_series(LineSeries::new(all, BLUE.stroke_width(2))))
             .label(all_label)
@@ -195,14 +185,7 @@ pub fn entropy_plot(path: &Path, panels: &[EntropyPanel]) -> Result<()> {
             .label(format!("τ = {tau:.2}"))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
         }
-        tryp!(
-            path,
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()
-        );
+        tryp!(path, chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw());
     }
     tryp!(path, root.present());
     Ok(())

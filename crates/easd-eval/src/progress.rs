@@ -40,10 +40,7 @@ impl BarProgress {
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> ");
         bar.set_style(style);
-        BarProgress {
-            bar,
-            tally: Mutex::new((0, 0)),
-        }
+        BarProgress { bar, tally: Mutex::new((0, 0)) }
     }
 }
 
@@ -65,8 +62,7 @@ impl Progress for BarProgress {
         let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
         tally.0 += usize::from(record.correct);
         tally.1 += 1;
-        self.bar
-            .set_message(format!("correct {}/{} (last: {} #{})", tally.0, tally.1, record.variant, record.problem));
+        self.bar.set_message(format!("correct {}/{} (last: {} #{})", tally.0, tally.1, record.variant, record.problem));
         self.bar.inc(1);
     }
 

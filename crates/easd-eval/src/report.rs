@@ -90,11 +90,7 @@ pub fn summarize(records: &[ResultRecord]) -> Report {
     let mut variants: Vec<(VariantStats, BTreeMap<usize, bool>)> = groups
         .iter()
         .map(|((label, hash), rs)| {
-            let name = if hashes_per_label[label.as_str()] > 1 {
-                format!("{label}@{hash}")
-            } else {
-                label.clone()
-            };
+            let name = if hashes_per_label[label.as_str()] > 1 { format!("{label}@{hash}") } else { label.clone() };
             let outcomes = rs.iter().map(|r| (r.problem, r.correct)).collect();
             (variant_stats(name, hash, rs), outcomes)
         })
@@ -110,10 +106,7 @@ pub fn summarize(records: &[ResultRecord]) -> Report {
     for (pair, p) in pairs.iter_mut().zip(adjusted) {
         pair.p_holm = p;
     }
-    Report {
-        variants: variants.into_iter().map(|(v, _)| v).collect(),
-        pairs,
-    }
+    Report { variants: variants.into_iter().map(|(v, _)| v).collect(), pairs }
 }
 
 fn variant_stats(label: String, settings: &str, rs: &[&ResultRecord]) -> VariantStats {
@@ -140,10 +133,7 @@ fn variant_stats(label: String, settings: &str, rs: &[&ResultRecord]) -> Variant
         accuracy: per_problem(correct as f64),
         interval: wilson_interval(correct as u64, n as u64, Z_95),
         no_answer: rs.iter().filter(|r| r.predicted.is_none()).count(),
-        truncated: rs
-            .iter()
-            .filter(|r| matches!(r.summary.finish_reason.as_str(), "length" | "context"))
-            .count(),
+        truncated: rs.iter().filter(|r| matches!(r.summary.finish_reason.as_str(), "length" | "context")).count(),
         generated_tokens: generated as u64,
         mean_generated_tokens: per_problem(generated),
         wall_s: wall,
@@ -219,7 +209,9 @@ pub fn render_markdown(report: &Report, context: &ReportContext) -> String {
     for line in &context.setup {
         let _ = writeln!(md, "* {line}");
     }
-    md.push_str("\n## Accuracy\n\n| variant | problems | correct | accuracy | 95% Wilson CI | no answer | truncated |\n");
+    md.push_str(
+        "\n## Accuracy\n\n| variant | problems | correct | accuracy | 95% Wilson CI | no answer | truncated |\n",
+    );
     md.push_str("|---|---:|---:|---:|---|---:|---:|\n");
     for v in &report.variants {
         let _ = writeln!(
@@ -254,11 +246,7 @@ pub fn render_markdown(report: &Report, context: &ReportContext) -> String {
             fmt_p(p.p_holm)
         );
     }
-    let target_speed = report
-        .variants
-        .iter()
-        .find(|v| v.mode == Mode::Target)
-        .map(|v| v.tokens_per_s);
+    let target_speed = report.variants.iter().find(|v| v.mode == Mode::Target).map(|v| v.tokens_per_s);
     md.push_str("\n## Speed (wall clock)\n\n");
     md.push_str("| variant | tokens/s | median tokens/s per request | vs target | mean tokens | mean TTFT s | time in draft / target forwards / other |\n");
     md.push_str("|---|---:|---:|---:|---:|---:|---|\n");

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::extract::AnswerSource;
-use crate::generator::{GenerationSummary, Mode};
+use crate::generator::{EasdSettings, GenerationSummary, Mode};
 
 /// One generation, scored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -27,6 +27,9 @@ pub struct ResultRecord {
     /// Hash of everything that shapes the output (see [`crate::run::Variant::settings_hash`]).
     pub settings: String,
     pub seed: u64,
+    /// The EASD settings sent (`easd` mode only; unset fields took the coordinator's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub easd: Option<EasdSettings>,
     pub expected: Option<f64>,
     pub predicted: Option<f64>,
     /// The number as written in the output.
@@ -90,24 +93,14 @@ impl ResultsFile {
             std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
         }
         let records = read_results(path)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(path)
-            .map_err(Error::io(path))?;
+        let file = OpenOptions::new().create(true).read(true).append(true).open(path).map_err(Error::io(path))?;
         let len = file.metadata().map_err(Error::io(path))?.len();
         let complete_len = complete_prefix_len(path)?;
         if complete_len < len {
             file.set_len(complete_len).map_err(Error::io(path))?;
         }
         let done = records.iter().map(ResultRecord::key).collect();
-        Ok(ResultsFile {
-            path: path.to_path_buf(),
-            file,
-            done,
-            records,
-        })
+        Ok(ResultsFile { path: path.to_path_buf(), file, done, records })
     }
 
     pub fn path(&self) -> &Path {
@@ -115,8 +108,7 @@ impl ResultsFile {
     }
 
     pub fn is_done(&self, problem: usize, variant: &str, settings: &str) -> bool {
-        self.done
-            .contains(&(problem, variant.to_string(), settings.to_string()))
+        self.done.contains(&(problem, variant.to_string(), settings.to_string()))
     }
 
     /// Every record in the file (loaded and appended).
@@ -126,15 +118,10 @@ impl ResultsFile {
 
     /// Appends one record as one line and flushes it, so an interruption loses at most the line being written.
     pub fn append(&mut self, record: ResultRecord) -> Result<()> {
-        let mut line = serde_json::to_string(&record).map_err(|source| Error::Json {
-            path: self.path.clone(),
-            source,
-        })?;
+        let mut line =
+            serde_json::to_string(&record).map_err(|source| Error::Json { path: self.path.clone(), source })?;
         line.push('\n');
-        self.file
-            .write_all(line.as_bytes())
-            .and_then(|()| self.file.flush())
-            .map_err(Error::io(&self.path))?;
+        self.file.write_all(line.as_bytes()).and_then(|()| self.file.flush()).map_err(Error::io(&self.path))?;
         self.done.insert(record.key());
         self.records.push(record);
         Ok(())
@@ -158,6 +145,7 @@ mod tests {
             mode: Mode::Sd,
             settings: "abc".into(),
             seed: problem as u64,
+            easd: None,
             expected: Some(1.0),
             predicted: Some(1.0),
             predicted_text: Some("1".into()),

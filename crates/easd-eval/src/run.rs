@@ -38,15 +38,9 @@ impl PromptTemplate {
     pub fn messages(&self, question: &str) -> Vec<ChatMessage> {
         let mut out = Vec::with_capacity(2);
         if let Some(system) = &self.system {
-            out.push(ChatMessage {
-                role: "system".into(),
-                content: system.clone(),
-            });
+            out.push(ChatMessage { role: "system".into(), content: system.clone() });
         }
-        out.push(ChatMessage {
-            role: "user".into(),
-            content: self.user.replace("{question}", question),
-        });
+        out.push(ChatMessage { role: "user".into(), content: self.user.replace("{question}", question) });
         out
     }
 }
@@ -125,10 +119,7 @@ impl EvalConfig {
         EvalConfig {
             dataset: dataset.into(),
             results: results.into(),
-            variants: Mode::ALL
-                .iter()
-                .map(|&m| Variant::of_mode(m, &EasdSettings::default()))
-                .collect(),
+            variants: Mode::ALL.iter().map(|&m| Variant::of_mode(m, &EasdSettings::default())).collect(),
             offset: 0,
             limit: None,
             concurrency: 1,
@@ -231,13 +222,7 @@ pub async fn run_problems<G: Generator>(
     progress.finish();
     let wanted: std::collections::HashSet<(usize, &str, &str)> = problems
         .iter()
-        .flat_map(|p| {
-            config
-                .variants
-                .iter()
-                .zip(&hashes)
-                .map(move |(v, h)| (p.index, v.label.as_str(), h.as_str()))
-        })
+        .flat_map(|p| config.variants.iter().zip(&hashes).map(move |(v, h)| (p.index, v.label.as_str(), h.as_str())))
         .collect();
     let mut records: Vec<ResultRecord> = file
         .records()
@@ -247,12 +232,7 @@ pub async fn run_problems<G: Generator>(
         .collect();
     let order = |label: &str| config.variants.iter().position(|v| v.label == label);
     records.sort_by_key(|r| (r.problem, order(&r.variant)));
-    Ok(EvalRun {
-        records,
-        generated,
-        resumed,
-        elapsed_s: started.elapsed().as_secs_f64(),
-    })
+    Ok(EvalRun { records, generated, resumed, elapsed_s: started.elapsed().as_secs_f64() })
 }
 
 async fn run_one<G: Generator>(
@@ -266,10 +246,7 @@ async fn run_one<G: Generator>(
     let request = EvalRequest {
         messages: config.prompt.messages(&problem.question),
         mode: variant.mode,
-        sampling: Sampling {
-            seed,
-            ..config.sampling.clone()
-        },
+        sampling: Sampling { seed, ..config.sampling.clone() },
         k: config.k,
         easd: variant.easd.clone(),
         max_tokens: config.max_tokens,
@@ -302,6 +279,7 @@ async fn run_one<G: Generator>(
         mode: variant.mode,
         settings: hash.to_string(),
         seed,
+        easd: (variant.mode == Mode::Easd).then(|| variant.easd.clone()),
         expected: problem.expected,
         predicted,
         predicted_text: answer.as_ref().map(|a| a.text.clone()),
@@ -313,4 +291,149 @@ async fn run_one<G: Generator>(
         output: generation.text,
         summary: generation.summary,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::error::BoxError;
+    use crate::generator::{Generation, GenerationSummary};
+    use crate::progress::NoProgress;
+
+    /// Answers "What is A + B?" — right in every mode except `draft` on odd A — and fails every call after `fail_after`.
+    struct Fake {
+        calls: AtomicUsize,
+        fail_after: usize,
+        /// Fail the first attempt of every request (to exercise retries).
+        flaky: bool,
+        seen: Mutex<Vec<EvalRequest>>,
+    }
+
+    impl Fake {
+        fn new(fail_after: usize) -> Fake {
+            Fake { calls: AtomicUsize::new(0), fail_after, flaky: false, seen: Mutex::new(Vec::new()) }
+        }
+    }
+
+    impl Generator for Fake {
+        async fn generate(&self, request: &EvalRequest) -> Result<Generation, BoxError> {
+            let call = self.calls.fetch_add(1, Ordering::SeqCst);
+            let first_attempt = !self.seen.lock().unwrap().iter().any(|r| r.request_id == request.request_id);
+            self.seen.lock().unwrap().push(request.clone());
+            if call >= self.fail_after {
+                return Err("coordinator unavailable".into());
+            }
+            if self.flaky && first_attempt {
+                return Err("transient".into());
+            }
+            let text = &request.messages.last().unwrap().content;
+            let q = text.rsplit("Question: ").next().unwrap();
+            let nums: Vec<f64> = q.split(|c: char| !c.is_ascii_digit()).filter_map(|s| s.parse().ok()).collect();
+            let wrong = request.mode == Mode::Draft && nums[0] as u64 % 2 == 1;
+            let answer = nums.iter().sum::<f64>() + if wrong { 1.0 } else { 0.0 };
+            Ok(Generation {
+                text: format!("Adding them gives {answer}.\nThe answer is {answer}."),
+                summary: GenerationSummary {
+                    generated_tokens: 12,
+                    wall_s: 0.1,
+                    finish_reason: "stop".into(),
+                    ..GenerationSummary::default()
+                },
+            })
+        }
+    }
+
+    fn setup(problems: usize) -> (tempfile::TempDir, EvalConfig) {
+        let dir = tempfile::tempdir().unwrap();
+        let dataset = dir.path().join("bench.jsonl");
+        let lines: Vec<String> = (0..problems)
+            .map(|i| {
+                format!("{{\"question\": \"What is {i} + 3?\", \"answer\": \"{i} + 3 = {}\\n#### {}\"}}", i + 3, i + 3)
+            })
+            .collect();
+        std::fs::write(&dataset, lines.join("\n") + "\n").unwrap();
+        let config = EvalConfig::new(&dataset, dir.path().join("out/results.jsonl"));
+        (dir, config)
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_run_resumes_without_repeating_work() {
+        let (_dir, mut config) = setup(5);
+        config.retries = 0;
+        let failing = Fake::new(7);
+        let err = run_eval(&config, &failing, &NoProgress).await.unwrap_err();
+        assert!(err.to_string().contains("coordinator unavailable"), "{err}");
+        assert_eq!(crate::results::read_results(&config.results).unwrap().len(), 7);
+
+        let working = Fake::new(usize::MAX);
+        let run = run_eval(&config, &working, &NoProgress).await.unwrap();
+        assert_eq!((run.resumed, run.generated, run.records.len()), (7, 13, 20));
+        assert_eq!(working.calls.load(Ordering::SeqCst), 13);
+        let mut keys: Vec<_> = run.records.iter().map(|r| r.key()).collect();
+        keys.dedup();
+        assert_eq!(keys.len(), 20);
+        // draft is wrong on odd problems (1, 3), every other mode always right.
+        assert_eq!(run.records.iter().filter(|r| r.correct).count(), 18);
+
+        let again = run_eval(&config, &working, &NoProgress).await.unwrap();
+        assert_eq!((again.resumed, again.generated), (20, 0));
+    }
+
+    #[tokio::test]
+    async fn changed_settings_are_not_taken_from_the_old_results() {
+        let (_dir, mut config) = setup(2);
+        let fake = Fake::new(usize::MAX);
+        run_eval(&config, &fake, &NoProgress).await.unwrap();
+        config.max_tokens = 2048;
+        let run = run_eval(&config, &fake, &NoProgress).await.unwrap();
+        assert_eq!((run.resumed, run.generated, run.records.len()), (0, 8, 8));
+        assert_eq!(crate::results::read_results(&config.results).unwrap().len(), 16);
+    }
+
+    #[tokio::test]
+    async fn every_mode_gets_the_same_prompt_seed_and_sampling() {
+        let (_dir, mut config) = setup(3);
+        config.sampling.seed = 100;
+        config.sampling.temperature = 0.7;
+        config.concurrency = 4;
+        config.offset = 1;
+        let fake = Fake::new(usize::MAX);
+        let run = run_eval(&config, &fake, &NoProgress).await.unwrap();
+        assert_eq!(run.records.len(), 8);
+        let seen = fake.seen.lock().unwrap();
+        for problem in 1..3u64 {
+            let same: Vec<&EvalRequest> = seen.iter().filter(|r| r.sampling.seed == 100 + problem).collect();
+            assert_eq!(same.len(), 4);
+            assert!(same.iter().all(|r| r.messages == same[0].messages && r.sampling.temperature == 0.7));
+            let modes: Vec<Mode> = same.iter().map(|r| r.mode).collect();
+            assert!(Mode::ALL.iter().all(|m| modes.contains(m)));
+        }
+        // Records come back in (problem, variant) order whatever the completion order.
+        let order: Vec<(usize, Mode)> = run.records.iter().map(|r| (r.problem, r.mode)).collect();
+        assert_eq!(order[..4], [(1, Mode::Draft), (1, Mode::Target), (1, Mode::Sd), (1, Mode::Easd)]);
+    }
+
+    #[tokio::test]
+    async fn a_transient_failure_is_retried() {
+        let (_dir, mut config) = setup(1);
+        config.retries = 1;
+        let mut fake = Fake::new(usize::MAX);
+        fake.flaky = true;
+        let run = run_eval(&config, &fake, &NoProgress).await.unwrap();
+        assert_eq!((run.generated, fake.calls.load(Ordering::SeqCst)), (4, 8));
+    }
+
+    #[test]
+    fn invalid_configs_name_the_field() {
+        let (_dir, mut config) = setup(1);
+        config.concurrency = 0;
+        assert!(config.validate().unwrap_err().to_string().contains("concurrency"));
+        let (_dir, config) = setup(1);
+        let mut config = config.with_modes(&[Mode::Sd], &EasdSettings::default());
+        config.variants.push(config.variants[0].clone());
+        assert!(config.validate().unwrap_err().to_string().contains("twice"));
+    }
 }

@@ -1,0 +1,202 @@
+//! Parameter sweeps (`easd sweep`): EASD over a grid of τ percentile × ρ × N on a development slice, next to
+//! baselines, to choose defaults without touching held-out problems.
+//!
+//! Slices of the GSM8K train file (7,473 lines) used by the defaults: calibration samples lines 0..2,000, sweeps run
+//! on lines 2,000..4,000, and lines 4,000.. are held out for the final `easd eval`. A sweep refuses to reach into the
+//! held-out lines unless told to.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::calibrate::CalibrationFile;
+use crate::dataset::{load_problems, slice};
+use crate::error::{Error, Result};
+use crate::generator::{EasdSettings, Generator, Mode};
+use crate::output::{ReportFiles, write_text_files};
+use crate::plots::{SweepSeries, accuracy_plot, sweep_plot};
+use crate::progress::Progress;
+use crate::report::{ReportContext, summarize};
+use crate::run::{EvalConfig, EvalRun, Variant, run_problems};
+
+pub const CALIBRATION_LINES: std::ops::Range<usize> = 0..2000;
+pub const DEVELOPMENT_LINES: std::ops::Range<usize> = 2000..4000;
+pub const HELD_OUT_FROM: usize = 4000;
+
+/// The grid: every combination is one `easd` variant.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepGrid {
+    /// Percentiles of each model's calibrated entropy distribution, giving τ_draft and τ_target together.
+    pub tau_percentiles: Vec<f64>,
+    pub rhos: Vec<f32>,
+    pub top_ns: Vec<u32>,
+}
+
+impl Default for SweepGrid {
+    /// p80 / p90 / p95 (the range DESIGN §2.2 measured: ~20% / ~7% / ~3% token cost) × ρ 0.6, 0.8 × N 5.
+    fn default() -> Self {
+        SweepGrid { tau_percentiles: vec![80.0, 90.0, 95.0], rhos: vec![0.6, 0.8], top_ns: vec![5] }
+    }
+}
+
+/// The parameters of one sweep variant.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepPoint {
+    pub label: String,
+    pub tau_percentile: f64,
+    pub tau_draft: f32,
+    pub tau_target: f32,
+    pub rho: f32,
+    pub top_n: u32,
+}
+
+/// A sweep: the evaluation settings (its `variants` are replaced), the grid and the baseline modes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepConfig {
+    pub eval: EvalConfig,
+    pub grid: SweepGrid,
+    /// Plain modes run next to the grid; the first is the plot's dashed baseline. Default: `sd`.
+    pub baselines: Vec<Mode>,
+    /// Allow the slice to include lines at or after [`HELD_OUT_FROM`].
+    pub allow_held_out: bool,
+}
+
+impl SweepConfig {
+    /// Development slice (the first 200 lines of [`DEVELOPMENT_LINES`]), default grid, `sd` baseline.
+    pub fn new(mut eval: EvalConfig) -> SweepConfig {
+        eval.offset = DEVELOPMENT_LINES.start;
+        eval.limit = Some(200);
+        SweepConfig { eval, grid: SweepGrid::default(), baselines: vec![Mode::Sd], allow_held_out: false }
+    }
+}
+
+/// The grid's variants, τ from the calibration file at each percentile; other EASD fields from `base`.
+pub fn sweep_points(
+    grid: &SweepGrid,
+    calibration: &CalibrationFile,
+    base: &EasdSettings,
+) -> Result<Vec<(Variant, SweepPoint)>> {
+    if grid.tau_percentiles.is_empty() || grid.rhos.is_empty() || grid.top_ns.is_empty() {
+        return Err(Error::invalid("grid", "every axis needs at least one value"));
+    }
+    let mut out = Vec::new();
+    for &p in &grid.tau_percentiles {
+        let (tau_draft, tau_target) = calibration
+            .taus_at(p)
+            .ok_or_else(|| Error::invalid("tau_percentiles", format!("{p} is outside [0, 100]")))?;
+        for &rho in &grid.rhos {
+            for &top_n in &grid.top_ns {
+                let label = format!("easd-p{p}-rho{rho}-n{top_n}");
+                let easd = EasdSettings {
+                    top_n: Some(top_n),
+                    rho: Some(rho),
+                    tau_draft: Some(tau_draft),
+                    tau_target: Some(tau_target),
+                    ..base.clone()
+                };
+                easd.validate()?;
+                let variant = Variant { label: label.clone(), mode: Mode::Easd, easd };
+                out.push((variant, SweepPoint { label, tau_percentile: p, tau_draft, tau_target, rho, top_n }));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A finished sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepRun {
+    pub run: EvalRun,
+    pub points: Vec<SweepPoint>,
+    /// Labels of the baseline variants.
+    pub baselines: Vec<String>,
+}
+
+/// Runs the baselines and every grid point on the configured slice (resumable like [`crate::run_eval`]).
+pub async fn run_sweep<G: Generator>(
+    config: &SweepConfig,
+    calibration: &CalibrationFile,
+    generator: &G,
+    progress: &dyn Progress,
+) -> Result<SweepRun> {
+    let end = config.eval.limit.map_or(usize::MAX, |l| config.eval.offset.saturating_add(l));
+    if !config.allow_held_out && end > HELD_OUT_FROM {
+        return Err(Error::invalid(
+            "slice",
+            format!(
+                "lines {}..{} reach the held-out lines ({HELD_OUT_FROM}..); sweep on the development slice {}..{} \
+                 or allow it explicitly",
+                config.eval.offset,
+                if end == usize::MAX { "end".to_string() } else { end.to_string() },
+                DEVELOPMENT_LINES.start,
+                DEVELOPMENT_LINES.end
+            ),
+        ));
+    }
+    let base = config.eval.variants.iter().find(|v| v.mode == Mode::Easd).map(|v| v.easd.clone()).unwrap_or_default();
+    let grid = sweep_points(&config.grid, calibration, &base)?;
+    let mut eval = config.eval.clone();
+    eval.variants = config.baselines.iter().map(|&m| Variant::of_mode(m, &base)).collect();
+    let baselines = eval.variants.iter().map(|v| v.label.clone()).collect();
+    eval.variants.extend(grid.iter().map(|(v, _)| v.clone()));
+    let problems = slice(load_problems(&eval.dataset)?, eval.offset, eval.limit);
+    let run = run_problems(&eval, &problems, generator, progress).await?;
+    Ok(SweepRun { run, points: grid.into_iter().map(|(_, p)| p).collect(), baselines })
+}
+
+/// Writes the sweep report into `dir`: the standard tables for every variant, a sweep table, `accuracy.svg` and
+/// `sweep.svg` (accuracy vs τ percentile, one line per (ρ, N), the first baseline dashed).
+pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportContext) -> Result<ReportFiles> {
+    std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+    let report = summarize(&sweep.run.records);
+    let stats = |label: &str| report.variants.iter().find(|v| v.label == label);
+    let baseline = sweep.baselines.first().and_then(|b| stats(b));
+    let mut series: Vec<SweepSeries> = Vec::new();
+    let mut table = String::from(
+        "## Sweep\n\n| variant | τ percentile | τ_draft | τ_target | ρ | N | accuracy | 95% CI | trigger rate | tokens/s | p vs baseline |\n|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+    );
+    for point in &sweep.points {
+        let Some(v) = stats(&point.label) else { continue };
+        let p_vs_base = baseline
+            .and_then(|b| {
+                report.pairs.iter().find(|p| (p.a == b.label && p.b == v.label) || (p.b == b.label && p.a == v.label))
+            })
+            .map_or("–".to_string(), |p| format!("{:.4}", p.p_value));
+        let _ = writeln!(
+            table,
+            "| {} | {} | {:.3} | {:.3} | {} | {} | {:.1}% | [{:.1}%, {:.1}%] | {} | {:.2} | {} |",
+            v.label,
+            point.tau_percentile,
+            point.tau_draft,
+            point.tau_target,
+            point.rho,
+            point.top_n,
+            100.0 * v.accuracy,
+            100.0 * v.interval.low,
+            100.0 * v.interval.high,
+            v.trigger_rate.map_or("–".into(), |r| format!("{:.2}%", 100.0 * r)),
+            v.tokens_per_s,
+            p_vs_base
+        );
+        let name = format!("ρ = {}, N = {}", point.rho, point.top_n);
+        let entry = (point.tau_percentile, v.accuracy, v.interval);
+        match series.iter_mut().find(|s| s.name == name) {
+            Some(s) => s.points.push(entry),
+            None => series.push(SweepSeries { name, points: vec![entry] }),
+        }
+    }
+    table.push_str(
+        "\nThe sweep picks defaults on development problems only; with this many variants, treat the best point as a \
+         hypothesis to confirm on held-out problems, not a result (see the Holm-adjusted p-values above).",
+    );
+    let accuracy = dir.join("accuracy.svg");
+    accuracy_plot(&accuracy, &report)?;
+    let sweep_svg = dir.join("sweep.svg");
+    sweep_plot(&sweep_svg, "τ percentile", &series, baseline.map(|b| (b.label.as_str(), b.accuracy)))?;
+    context.plots.push(("Accuracy per variant with 95% Wilson intervals".into(), "accuracy.svg".into()));
+    context.plots.push(("Accuracy vs τ percentile per (ρ, N); dashed: baseline".into(), "sweep.svg".into()));
+    context.notes.insert(0, table);
+    let files = write_text_files(dir, &report, &context)?;
+    Ok(ReportFiles { plots: vec![accuracy, sweep_svg], ..files })
+}
