@@ -6,7 +6,7 @@
 //! the (descending, id-tie-broken) order whose mass reaches `top_p`; a token tied with the
 //! last kept one but with a higher id is cut.
 
-use crate::fastmath::{exp_neg, exp_sums, inv_temperature, scaled};
+use crate::fastmath::{exp_sums, inv_temperature, weight};
 use crate::params::SamplingParams;
 use crate::select::{top_ids, top_pairs};
 
@@ -70,7 +70,7 @@ pub fn entropy(logits: &[f32], temperature: f32) -> f32 {
     let Some(&(max, _)) = top_pairs(logits, 1).first() else {
         return 0.0;
     };
-    exp_sums(logits, max, inv_temperature(t)).entropy()
+    exp_sums(logits, max, inv_temperature(t), None).entropy()
 }
 
 /// Ids of the n largest logits, descending (partial selection, no full sort). Ties broken by
@@ -153,7 +153,7 @@ fn try_sparse(
     complete: bool,
 ) -> Option<SparseDist> {
     let kset = if params.top_k > 0 { &cands[..cands.len().min(params.top_k)] } else { cands };
-    let w: Vec<f64> = kset.iter().map(|&id| exp_neg(scaled(logits[id as usize], max, inv_t)) as f64).collect();
+    let w: Vec<f64> = kset.iter().map(|&id| weight(logits[id as usize], max, inv_t) as f64).collect();
     let mut end = kset.len();
     if params.top_p < 1.0 {
         let mass = if params.top_k > 0 { w.iter().sum() } else { z };
@@ -205,7 +205,7 @@ pub fn transformed(logits: &[f32], params: &SamplingParams, max_support: usize) 
     };
     let max = logits[best as usize];
     let inv_t = inv_temperature(params.temperature);
-    let z = if params.top_k == 0 && params.top_p < 1.0 { exp_sums(logits, max, inv_t).z } else { 0.0 };
+    let z = if params.top_k == 0 && params.top_p < 1.0 { exp_sums(logits, max, inv_t, None).z } else { 0.0 };
     sparse_from(logits, params, max_support, max, inv_t, z, &mut cands, requested.max(1))
 }
 

@@ -44,7 +44,7 @@ pub fn propose(
     };
     let max = logits[best as usize];
     let inv_t = inv_temperature(if greedy { 1.0 } else { params.temperature });
-    let sums = exp_sums(logits, max, inv_t);
+    let sums = exp_sums(logits, max, inv_t, None);
     let top = cands[..cands.len().min(top_n)].to_vec();
     let proposal = if greedy {
         SparseDist::point(best)

@@ -1,10 +1,11 @@
 //! Vectorisable kernels for 152k-entry logit vectors: a branch-free `exp` for arguments
-//! <= 0 and lane-parallel sums (Rust does not reassociate float adds, so plain `sum()` is
+//! <= 0, lane-parallel sums, and a sampler walk that reuses the per-block sums (Rust does not reassociate float adds, so plain `sum()` is
 //! scalar; eight independent accumulators let the compiler use SIMD).
 
 pub(crate) const LANES: usize = 8;
-/// Flush lane accumulators into f64 this often: f32 error stays ~1e-7 relative per block.
-const BLOCK: usize = 1024;
+/// Lane accumulators are flushed into f64 (and, for samplers, recorded) every SUM_BLOCK
+/// logits: f32 rounding stays ~1e-7 relative per block.
+pub(crate) const SUM_BLOCK: usize = 128;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
@@ -14,22 +15,31 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 
 /// e^x for x <= 0 (relative error ~2e-7); exactly 0 below -87 and for -inf.
 /// Same operations on every path, so a scalar call and a vectorised loop agree bit for bit.
+/// Comparisons are written as selects (not f32::max) so they compile to one SIMD max/min.
 #[inline(always)]
 pub(crate) fn exp_neg(x: f32) -> f32 {
-    let xc = x.clamp(-87.0, 0.0);
+    let xc = if x > -87.0 { x } else { -87.0 };
+    let xc = if xc < 0.0 { xc } else { 0.0 };
     let k = xc * LOG2E + ROUND_MAGIC;
     let n = k - ROUND_MAGIC;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
     let bits = ((k.to_bits() as i32 - 0x4B40_0000 + 127) << 23) as u32;
     let y = p * f32::from_bits(bits);
-    if x < -87.0 { 0.0 } else { y }
+    if x >= -87.0 { y } else { 0.0 }
 }
 
-/// Scaled, clamped exponent argument s = (l - max) / T, never NaN for -inf or NaN logits.
+/// Scaled, clamped exponent argument s = (l - max) / T; -88 (so e^s = 0) for -inf and NaN.
 #[inline(always)]
 pub(crate) fn scaled(l: f32, max: f32, inv_t: f32) -> f32 {
-    ((l - max) * inv_t).max(-88.0)
+    let s = (l - max) * inv_t;
+    if s > -88.0 { s } else { -88.0 }
+}
+
+/// e^((l - max) / T): the unnormalised softmax weight of one logit.
+#[inline(always)]
+pub(crate) fn weight(l: f32, max: f32, inv_t: f32) -> f32 {
+    exp_neg(scaled(l, max, inv_t))
 }
 
 /// 1/T, kept finite so that a tiny temperature behaves as a (tie-splitting) argmax.
@@ -38,7 +48,7 @@ pub(crate) fn inv_temperature(t: f32) -> f32 {
 }
 
 /// Sums over the softmax at one temperature: Z = Σ e^s and Σ s e^s, with s = (l - max)/T.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ExpSums {
     pub z: f64,
     pub s_e: f64,
@@ -51,43 +61,22 @@ impl ExpSums {
     }
 }
 
-/// One pass: softmax sums at `inv_t`.
-pub(crate) fn exp_sums(logits: &[f32], max: f32, inv_t: f32) -> ExpSums {
-    let (mut z, mut s_e) = (0.0f64, 0.0f64);
-    for block in logits.chunks(BLOCK) {
-        let mut zl = [0f32; LANES];
-        let mut sl = [0f32; LANES];
-        let chunks = block.chunks_exact(LANES);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for l in 0..LANES {
-                let s = scaled(c[l], max, inv_t);
-                let e = exp_neg(s);
-                zl[l] += e;
-                sl[l] += s * e;
-            }
-        }
-        for &x in rest {
-            let s = scaled(x, max, inv_t);
-            let e = exp_neg(s);
-            zl[0] += e;
-            sl[0] += s * e;
-        }
-        z += zl.iter().map(|&v| v as f64).sum::<f64>();
-        s_e += sl.iter().map(|&v| v as f64).sum::<f64>();
+/// One pass: softmax sums at `inv_t`, and when `TWO` also at temperature 1. When `blocks` is
+/// given, it receives Σ e^s (at `inv_t`) of every SUM_BLOCK-long block, for [`tail_walk`].
+fn sums_kernel<const TWO: bool>(
+    logits: &[f32],
+    max: f32,
+    inv_t: f32,
+    mut blocks: Option<&mut Vec<f64>>,
+) -> (ExpSums, ExpSums) {
+    let (mut a, mut b) = (ExpSums::default(), ExpSums::default());
+    if let Some(v) = blocks.as_deref_mut() {
+        v.clear();
+        v.reserve(logits.len().div_ceil(SUM_BLOCK));
     }
-    ExpSums { z, s_e }
-}
-
-/// One pass, two temperatures (the request's and 1): used when T != 1 and both the sampling
-/// distribution and raw log-probabilities are needed.
-pub(crate) fn exp_sums_two(logits: &[f32], max: f32, inv_t: f32) -> (ExpSums, ExpSums) {
-    let (mut a, mut b) = (ExpSums { z: 0.0, s_e: 0.0 }, ExpSums { z: 0.0, s_e: 0.0 });
-    for block in logits.chunks(BLOCK) {
-        let mut za = [0f32; LANES];
-        let mut sa = [0f32; LANES];
-        let mut zb = [0f32; LANES];
-        let mut sb = [0f32; LANES];
+    let to_f64 = |v: &[f32; LANES]| v.iter().map(|&x| x as f64).sum::<f64>();
+    for block in logits.chunks(SUM_BLOCK) {
+        let (mut za, mut sa, mut zb, mut sb) = ([0f32; LANES], [0f32; LANES], [0f32; LANES], [0f32; LANES]);
         let chunks = block.chunks_exact(LANES);
         let rest = chunks.remainder();
         for c in chunks {
@@ -96,46 +85,100 @@ pub(crate) fn exp_sums_two(logits: &[f32], max: f32, inv_t: f32) -> (ExpSums, Ex
                 let e = exp_neg(s);
                 za[l] += e;
                 sa[l] += s * e;
-                let s1 = scaled(c[l], max, 1.0);
+                if TWO {
+                    let s1 = scaled(c[l], max, 1.0);
+                    let e1 = exp_neg(s1);
+                    zb[l] += e1;
+                    sb[l] += s1 * e1;
+                }
+            }
+        }
+        for (l, &x) in rest.iter().enumerate() {
+            let s = scaled(x, max, inv_t);
+            let e = exp_neg(s);
+            za[l] += e;
+            sa[l] += s * e;
+            if TWO {
+                let s1 = scaled(x, max, 1.0);
                 let e1 = exp_neg(s1);
                 zb[l] += e1;
                 sb[l] += s1 * e1;
             }
         }
-        for &x in rest {
-            let s = scaled(x, max, inv_t);
-            let e = exp_neg(s);
-            za[0] += e;
-            sa[0] += s * e;
-            let s1 = scaled(x, max, 1.0);
-            let e1 = exp_neg(s1);
-            zb[0] += e1;
-            sb[0] += s1 * e1;
+        let block_z = to_f64(&za);
+        if let Some(v) = blocks.as_deref_mut() {
+            v.push(block_z);
         }
-        let f = |v: &[f32; LANES]| v.iter().map(|&x| x as f64).sum::<f64>();
-        a.z += f(&za);
-        a.s_e += f(&sa);
-        b.z += f(&zb);
-        b.s_e += f(&sb);
+        a.z += block_z;
+        a.s_e += to_f64(&sa);
+        if TWO {
+            b.z += to_f64(&zb);
+            b.s_e += to_f64(&sb);
+        }
     }
-    (a, b)
+    (a, if TWO { b } else { a })
 }
 
-/// Σ e^s over a contiguous range, lane-parallel (the tail walk of a dense sampler).
-pub(crate) fn exp_sum_range(logits: &[f32], max: f32, inv_t: f32) -> f64 {
-    let mut acc = [0f32; LANES];
-    let chunks = logits.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for l in 0..LANES {
-            acc[l] += exp_neg(scaled(c[l], max, inv_t));
+/// One pass: softmax sums at `inv_t` (see [`sums_kernel`] for `blocks`).
+pub(crate) fn exp_sums(logits: &[f32], max: f32, inv_t: f32, blocks: Option<&mut Vec<f64>>) -> ExpSums {
+    sums_kernel::<false>(logits, max, inv_t, blocks).0
+}
+
+/// One pass, two temperatures (the request's, then 1): used when T != 1 and both the
+/// sampling distribution and raw log-probabilities are needed. `blocks` are at `inv_t`.
+pub(crate) fn exp_sums_two(logits: &[f32], max: f32, inv_t: f32, blocks: Option<&mut Vec<f64>>) -> (ExpSums, ExpSums) {
+    sums_kernel::<true>(logits, max, inv_t, blocks)
+}
+
+/// Continues an inverse-CDF walk over every id not in `excluded` (sorted ascending), in id
+/// order, with weights e^((l - max)·inv_t), until `remaining` is used up. `blocks` are the
+/// per-block sums from the exp pass, so only the block where the walk ends is scanned.
+/// Returns None only when no id outside `excluded` has positive weight.
+pub(crate) fn tail_walk(
+    logits: &[f32],
+    max: f32,
+    inv_t: f32,
+    blocks: &[f64],
+    excluded: &[u32],
+    mut remaining: f64,
+) -> Option<u32> {
+    let mut last_block = None;
+    let mut ex = 0usize;
+    for (b, &block_sum) in blocks.iter().enumerate() {
+        let (lo, hi) = (b * SUM_BLOCK, ((b + 1) * SUM_BLOCK).min(logits.len()));
+        let ex_start = ex;
+        while ex < excluded.len() && (excluded[ex] as usize) < hi {
+            ex += 1;
+        }
+        let here = &excluded[ex_start..ex];
+        let w = block_sum - here.iter().map(|&i| weight(logits[i as usize], max, inv_t) as f64).sum::<f64>();
+        if w <= 0.0 {
+            continue;
+        }
+        last_block = Some((lo, hi, ex_start, ex));
+        if w <= remaining {
+            remaining -= w;
+            continue;
+        }
+        for (i, &l) in (lo..hi).zip(&logits[lo..hi]) {
+            if here.contains(&(i as u32)) {
+                continue;
+            }
+            let wi = weight(l, max, inv_t) as f64;
+            if wi > 0.0 {
+                if wi > remaining {
+                    return Some(i as u32);
+                }
+                remaining -= wi;
+            }
         }
     }
-    let mut total: f64 = acc.iter().map(|&v| v as f64).sum();
-    for &x in rest {
-        total += exp_neg(scaled(x, max, inv_t)) as f64;
-    }
-    total
+    // Rounding left a sliver: take the last positive-weight tail id.
+    let (lo, hi, e0, e1) = last_block?;
+    (lo..hi)
+        .rev()
+        .find(|&i| !excluded[e0..e1].contains(&(i as u32)) && weight(logits[i], max, inv_t) > 0.0)
+        .map(|i| i as u32)
 }
 
 #[cfg(test)]
@@ -168,21 +211,71 @@ mod tests {
                     p * p.ln()
                 })
                 .sum::<f64>();
-            let sums = exp_sums(&logits, max, 1.0 / t);
+            let sums = exp_sums(&logits, max, 1.0 / t, None);
             assert!((sums.z / z - 1.0).abs() < 1e-5);
             assert!((sums.entropy() as f64 - h).abs() < 1e-4);
-            let (a, b) = exp_sums_two(&logits, max, 1.0 / t);
+            let (a, b) = exp_sums_two(&logits, max, 1.0 / t, None);
             assert_eq!(a.z, sums.z);
-            assert_eq!(b.z, exp_sums(&logits, max, 1.0).z);
+            assert_eq!(b.z, exp_sums(&logits, max, 1.0, None).z);
         }
     }
 
     #[test]
     fn masked_logits_contribute_nothing() {
         let logits = [0.0, f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY];
-        let sums = exp_sums(&logits, 0.0, 1.0);
+        let sums = exp_sums(&logits, 0.0, 1.0, None);
         assert_eq!(sums.z, 2.0);
         assert!((sums.entropy() - std::f32::consts::LN_2).abs() < 1e-6);
-        assert_eq!(exp_sum_range(&logits, 0.0, 1.0), 2.0);
+    }
+}
+
+#[cfg(test)]
+mod walk_tests {
+    use super::*;
+
+    /// The id where a walk over all non-excluded ids crosses `target`, computed naively.
+    fn naive(logits: &[f32], excluded: &[u32], target: f64) -> Option<u32> {
+        let mut acc = 0.0;
+        for (i, &l) in logits.iter().enumerate() {
+            if excluded.contains(&(i as u32)) {
+                continue;
+            }
+            let w = weight(l, 0.0, 1.0) as f64;
+            if w > 0.0 {
+                acc += w;
+                if acc > target {
+                    return Some(i as u32);
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn the_tail_walk_lands_where_a_naive_walk_does() {
+        let logits: Vec<f32> = (0..1000u32).map(|i| -((i.wrapping_mul(2654435761) >> 24) as f32) / 40.0).collect();
+        let mut blocks = Vec::new();
+        let z = exp_sums(&logits, 0.0, 1.0, Some(&mut blocks)).z;
+        assert_eq!(blocks.len(), 8);
+        let excluded = [3u32, 127, 128, 129, 500, 999];
+        let ex_mass: f64 = excluded.iter().map(|&i| weight(logits[i as usize], 0.0, 1.0) as f64).sum();
+        for k in 1..50 {
+            let target = (z - ex_mass) * k as f64 / 50.0;
+            assert_eq!(
+                tail_walk(&logits, 0.0, 1.0, &blocks, &excluded, target),
+                naive(&logits, &excluded, target),
+                "k={k}"
+            );
+        }
+        // Past the end by rounding: the last positive id that is not excluded.
+        assert_eq!(tail_walk(&logits, 0.0, 1.0, &blocks, &excluded, z), Some(998));
+    }
+
+    #[test]
+    fn a_tail_without_mass_yields_nothing() {
+        let logits = [0.0, f32::NEG_INFINITY, f32::NEG_INFINITY];
+        let mut blocks = Vec::new();
+        exp_sums(&logits, 0.0, 1.0, Some(&mut blocks));
+        assert_eq!(tail_walk(&logits, 0.0, 1.0, &blocks, &[0], 0.0), None);
     }
 }

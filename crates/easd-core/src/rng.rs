@@ -60,10 +60,10 @@ mod tests {
         for p in PURPOSES {
             assert_eq!(uniform(42, 7, p), uniform(42, 7, p));
         }
-        // Pinned values: a change here breaks reproducibility of every stored run.
-        assert_eq!(uniform(0, 0, Purpose::DraftSample).to_bits(), uniform(0, 0, Purpose::DraftSample).to_bits());
-        let pinned = uniform(1234, 56, Purpose::AcceptTest);
-        assert!((0.0..1.0).contains(&pinned));
+        // Pinned values (checked against an independent Python implementation of the hash):
+        // a change here silently changes every seeded run, so it must be deliberate.
+        assert_eq!(uniform(0, 0, Purpose::DraftSample), 0.29347987495714467);
+        assert_eq!(uniform(1234, 56, Purpose::AcceptTest), 0.9036822374122184);
     }
 
     #[test]

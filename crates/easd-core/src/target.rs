@@ -8,7 +8,7 @@
 //! vocabulary (in id order, by chunked vectorised sums) only when the uniform lands there.
 
 use crate::dist::{SparseDist, sparse_from};
-use crate::fastmath::{LANES, exp_neg, exp_sum_range, exp_sums, exp_sums_two, inv_temperature, scaled};
+use crate::fastmath::{exp_sums, exp_sums_two, inv_temperature, tail_walk, weight};
 use crate::params::{ParamError, Penalty, SamplingParams};
 use crate::rng::{Purpose, uniform};
 use crate::select::top_ids;
@@ -91,6 +91,7 @@ enum TargetDist<'a> {
         inv_t: f32,
         z: f64,
         head: &'a [u32],
+        blocks: &'a [f64],
     },
     Sparse(SparseDist),
 }
@@ -99,7 +100,7 @@ impl TargetDist<'_> {
     fn prob(&self, id: u32) -> f64 {
         match self {
             TargetDist::Dense { logits, max, inv_t, z, .. } => {
-                logits.get(id as usize).map_or(0.0, |&l| exp_neg(scaled(l, *max, *inv_t)) as f64 / z)
+                logits.get(id as usize).map_or(0.0, |&l| weight(l, *max, *inv_t) as f64 / z)
             }
             TargetDist::Sparse(d) => d.prob(id) as f64,
         }
@@ -114,7 +115,7 @@ impl TargetDist<'_> {
                 let w: Vec<f64> = d.ids.iter().zip(&d.probs).map(|(&id, &p)| weight(id, p as f64).max(0.0)).collect();
                 walk(d.ids.iter().copied().zip(w.iter().copied()), w.iter().sum(), u).0
             }
-            TargetDist::Dense { logits, max, inv_t, z, head } => {
+            TargetDist::Dense { logits, max, inv_t, z, head, blocks } => {
                 let mut ids: Vec<u32> = head.to_vec();
                 ids.extend(
                     overrides.iter().map(|o| o.0).filter(|id| (*id as usize) < logits.len() && !head.contains(id)),
@@ -133,7 +134,7 @@ impl TargetDist<'_> {
                 }
                 ids.sort_unstable();
                 let remaining = (u * total - acc) * z;
-                tail_walk(logits, *max, *inv_t, &ids, remaining).or(last)
+                tail_walk(logits, *max, *inv_t, blocks, &ids, remaining).or(last)
             }
         }
     }
@@ -157,43 +158,6 @@ fn walk(pairs: impl Iterator<Item = (u32, f64)>, total: f64, u: f64) -> (Option<
         }
     }
     (None, acc, last)
-}
-
-/// Continues an inverse-CDF walk over every id not in `excluded` (sorted), in id order, with
-/// weights e^((l - max)·inv_t), until `remaining` is used up. Blocks are summed vectorised
-/// and only the block where the walk ends is scanned element by element.
-fn tail_walk(logits: &[f32], max: f32, inv_t: f32, excluded: &[u32], mut remaining: f64) -> Option<u32> {
-    const STEP: usize = 16 * LANES;
-    let mut last_block = None;
-    let mut start = 0usize;
-    for end in excluded.iter().map(|&e| e as usize).chain([logits.len()]) {
-        let mut b = start;
-        while b < end {
-            let e = (b + STEP).min(end);
-            let s = exp_sum_range(&logits[b..e], max, inv_t);
-            if s > 0.0 {
-                last_block = Some((b, e));
-            }
-            if s > remaining {
-                for (i, &l) in logits[b..e].iter().enumerate() {
-                    let w = exp_neg(scaled(l, max, inv_t)) as f64;
-                    if w > 0.0 {
-                        if w > remaining {
-                            return Some((b + i) as u32);
-                        }
-                        remaining -= w;
-                    }
-                }
-            } else {
-                remaining -= s;
-            }
-            b = e;
-        }
-        start = end + 1;
-    }
-    // Rounding left a sliver: take the last positive-weight tail id.
-    let (b, e) = last_block?;
-    (b..e).rev().find(|&i| exp_neg(scaled(logits[i], max, inv_t)) > 0.0).map(|i| i as u32)
 }
 
 /// The best id of `cands` (descending) other than `x`; else the lowest other id in the vocabulary.
@@ -231,11 +195,14 @@ pub fn score_position(
     let max = logits[best as usize];
     let t = if greedy { 1.0 } else { params.temperature };
     let inv_t = inv_temperature(t);
+    let dense = !greedy && params.top_k == 0 && params.top_p >= 1.0;
+    let mut blocks = Vec::new();
+    let record = dense.then_some(&mut blocks);
     let (sums_t, sums_1) = if t == 1.0 {
-        let s = exp_sums(logits, max, inv_t);
+        let s = exp_sums(logits, max, inv_t, record);
         (s, s)
     } else {
-        exp_sums_two(logits, max, inv_t)
+        exp_sums_two(logits, max, inv_t, record)
     };
     let ln_z1 = sums_1.z.ln();
     let logprob = |id: u32| ((logits[id as usize] - max) as f64 - ln_z1) as f32;
@@ -259,8 +226,8 @@ pub fn score_position(
             }
         });
     } else {
-        let p = if params.top_k == 0 && params.top_p >= 1.0 {
-            TargetDist::Dense { logits, max, inv_t, z: sums_t.z, head: &cands }
+        let p = if dense {
+            TargetDist::Dense { logits, max, inv_t, z: sums_t.z, head: &cands, blocks: &blocks }
         } else {
             let mut c = cands.clone();
             TargetDist::Sparse(sparse_from(logits, params, 0, max, inv_t, sums_t.z, &mut c, requested))
@@ -302,5 +269,111 @@ pub fn score_position(
         sample_token,
         top_logprobs,
         candidate_logprobs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::transformed;
+
+    fn sampling(temperature: f32, top_k: usize, top_p: f32) -> SamplingParams {
+        SamplingParams { temperature, top_k, top_p }
+    }
+
+    fn log_softmax(logits: &[f32]) -> Vec<f64> {
+        let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let z: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum();
+        logits.iter().map(|&l| l as f64 - m - z.ln()).collect()
+    }
+
+    #[test]
+    fn a_greedy_summary_is_built_from_the_argmax() {
+        let logits = [1.0f32, 4.0, 3.0, 3.5, -2.0];
+        let opts = TargetOptions { top_n: 3, penalty: Penalty::Mask, logprobs: 2 };
+        let q = SparseDist::point(3);
+        let t = score_position(&logits, &SamplingParams::greedy(), &opts, Some((3, &q)), 9, 4);
+        assert_eq!((t.argmax, t.sample_token, t.residual_token, t.easd_token), (1, 1, Some(1), Some(1)));
+        assert_eq!(t.draft_token_prob, 0.0);
+        assert_eq!(t.top_n, vec![1, 3, 2]);
+        let exact = log_softmax(&logits);
+        assert_eq!(t.top_logprobs.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 3]);
+        for &(id, lp) in t.top_logprobs.iter().chain(&t.candidate_logprobs) {
+            assert!((lp as f64 - exact[id as usize]).abs() < 1e-5);
+        }
+        assert_eq!(t.candidate_logprobs.iter().map(|p| p.0).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(t.logprob_of(3), Some(t.candidate_logprobs[0].1));
+        assert_eq!(t.logprob_of(4), None);
+        // Drafting the argmax: the EASD token is the second best; Scale(alpha) keeps x_j
+        // only when alpha·p(x_j) still beats it.
+        let on_best = score_position(&logits, &SamplingParams::greedy(), &opts, Some((1, &q)), 9, 4);
+        assert_eq!((on_best.draft_token_prob, on_best.easd_token), (1.0, Some(3)));
+        let scale = |alpha| TargetOptions { penalty: Penalty::Scale(alpha), ..opts.clone() };
+        let keep = score_position(&logits, &SamplingParams::greedy(), &scale(0.9), Some((1, &q)), 9, 4);
+        assert_eq!(keep.easd_token, Some(1));
+        let drop = score_position(&logits, &SamplingParams::greedy(), &scale(0.5), Some((1, &q)), 9, 4);
+        assert_eq!(drop.easd_token, Some(3));
+    }
+
+    #[test]
+    fn the_draft_token_probability_is_taken_under_the_transformed_target() {
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.7 - (i / 10) as f32).collect();
+        let q = SparseDist::point(6);
+        for params in [sampling(1.0, 0, 1.0), sampling(0.6, 0, 1.0), sampling(0.8, 5, 1.0), sampling(1.3, 0, 0.5)] {
+            let t = score_position(&logits, &params, &TargetOptions::default(), Some((6, &q)), 1, 1);
+            let p = transformed(&logits, &params, 0);
+            assert!((t.draft_token_prob - p.prob(6)).abs() < 1e-6, "{params:?}");
+            assert!((t.entropy - crate::dist::entropy(&logits, params.temperature)).abs() < 1e-5);
+            for tok in [t.sample_token, t.residual_token.unwrap(), t.easd_token.unwrap()] {
+                assert!(p.prob(tok) > 0.0, "{params:?}: {tok} outside the support");
+            }
+        }
+    }
+
+    #[test]
+    fn dense_sampling_reaches_the_tail_with_the_right_frequencies() {
+        // 400 tokens, flat except 4 heavier ones: the 64-token head holds ~20% of the mass.
+        let mut logits = vec![0.0f32; 400];
+        for id in [5, 150, 151, 399] {
+            logits[id] = 1.0;
+        }
+        let params = sampling(1.0, 0, 1.0);
+        let z = 396.0 + 4.0 * std::f64::consts::E;
+        let (n, mut heavy, mut tail_last) = (40_000u64, 0u64, 0u64);
+        for seed in 0..n {
+            let t = score_position(&logits, &params, &TargetOptions::default(), None, seed, 0);
+            heavy += u64::from([5, 150, 151, 399].contains(&t.sample_token));
+            tail_last += u64::from(t.sample_token == 398);
+        }
+        // Binomial 5-sigma bounds.
+        let check = |count: u64, p: f64| {
+            let sd = (n as f64 * p * (1.0 - p)).sqrt();
+            assert!((count as f64 - n as f64 * p).abs() < 5.0 * sd, "{count} vs {}", n as f64 * p);
+        };
+        check(heavy, 4.0 * std::f64::consts::E / z);
+        check(tail_last, 1.0 / z);
+    }
+
+    #[test]
+    fn the_residual_never_draws_where_q_covers_p_and_falls_back_when_p_equals_q() {
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        let params = sampling(1.0, 0, 1.0);
+        let p = transformed(&logits, &params, 0);
+        // q puts all its mass on 0 and 1 beyond p there: the residual lives on {2, 3}.
+        let q = SparseDist { ids: vec![0, 1], probs: vec![0.7, 0.3] };
+        for seed in 0..300 {
+            let r = score_position(&logits, &params, &TargetOptions::default(), Some((0, &q)), seed, 2).residual_token;
+            assert!(matches!(r, Some(2 | 3)), "{r:?}");
+        }
+        // q == p: no residual mass; the fallback is a sample of p, never a panic.
+        let r = score_position(&logits, &params, &TargetOptions::default(), Some((0, &p)), 1, 2).residual_token;
+        assert!(r.is_some_and(|id| id < 4));
+    }
+
+    #[test]
+    fn options_are_validated() {
+        assert!(TargetOptions::default().validate().is_ok());
+        let bad = TargetOptions { logprobs: 21, ..TargetOptions::default() };
+        assert_eq!(bad.validate().unwrap_err().to_string(), "invalid logprobs: must be in 0..=20, got 21");
     }
 }

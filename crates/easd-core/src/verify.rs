@@ -152,3 +152,179 @@ pub fn check_block(draft: &[DraftToken], target: &[TargetPosition]) -> Result<()
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::SparseDist;
+    use crate::params::Penalty;
+    use crate::target::{TargetOptions, score_position};
+    use crate::{SamplingParams, propose};
+
+    const X: u32 = 10;
+
+    fn draft(token: u32, entropy: f32, top_n: &[u32]) -> DraftToken {
+        DraftToken { token, proposal: SparseDist::point(token), entropy, top_n: top_n.to_vec() }
+    }
+
+    fn target(p_x: f32, entropy: f32, top_n: &[u32]) -> TargetPosition {
+        TargetPosition {
+            draft_token_prob: p_x,
+            argmax: top_n[0],
+            entropy,
+            top_n: top_n.to_vec(),
+            residual_token: Some(20),
+            easd_token: Some(30),
+            sample_token: 40,
+            top_logprobs: Vec::new(),
+            candidate_logprobs: Vec::new(),
+        }
+    }
+
+    fn easd(order: Order) -> Mode {
+        Mode::Easd(EasdParams { order, ..EasdParams::default() })
+    }
+
+    /// Defaults: τ_draft 0.81, τ_target 0.68, N 5, ρ 0.6.
+    #[test]
+    fn the_rule_fires_exactly_when_both_entropies_and_the_overlap_reach_their_thresholds() {
+        let p = EasdParams::default();
+        let five = [10, 11, 12, 13, 14];
+        let three_common = [10, 11, 12, 90, 91]; // overlap 0.6
+        let two_common = [10, 11, 90, 91, 92]; // overlap 0.4
+        let cases: [(f32, f32, &[u32], bool); 9] = [
+            (0.81, 0.68, &three_common, true),
+            (2.0, 2.0, &five, true),
+            (0.80, 0.68, &three_common, false),
+            (0.81, 0.67, &three_common, false),
+            (0.81, 0.68, &two_common, false),
+            (0.0, 5.0, &five, false),
+            (5.0, 0.0, &five, false),
+            (f32::NAN, 5.0, &five, false),
+            (5.0, 5.0, &[90, 91, 92, 93, 94], false),
+        ];
+        for (h_q, h_p, target_top, fires) in cases {
+            let got = easd_fires(&p, &draft(X, h_q, &five), &target(1.0, h_p, target_top));
+            assert_eq!(got.is_some(), fires, "h_q {h_q} h_p {h_p} top {target_top:?}");
+            if let Some((a, b, o)) = got {
+                assert_eq!((a, b), (h_q, h_p));
+                assert!(o >= 0.6);
+            }
+        }
+        // ρ = 0 ignores the overlap; ρ = 1 needs identical sets.
+        let loose = EasdParams { rho: 0.0, ..p.clone() };
+        assert!(easd_fires(&loose, &draft(X, 1.0, &five), &target(1.0, 1.0, &[90, 91, 92, 93, 94])).is_some());
+        let strict = EasdParams { rho: 1.0, ..p };
+        assert!(easd_fires(&strict, &draft(X, 1.0, &five), &target(1.0, 1.0, &[14, 13, 12, 11, 10])).is_some());
+        assert!(easd_fires(&strict, &draft(X, 1.0, &five), &target(1.0, 1.0, &three_common)).is_none());
+    }
+
+    #[test]
+    fn a_trigger_emits_the_easd_token_and_discards_the_rest_of_the_block() {
+        let top = [10, 11, 12, 13, 14];
+        let drafts = [draft(1, 0.0, &top), draft(X, 2.0, &top), draft(3, 2.0, &top), draft(4, 2.0, &top)];
+        let targets: Vec<_> = (0..5).map(|j| target(1.0, if j == 0 { 0.0 } else { 2.0 }, &top)).collect();
+        for order in [Order::AfterSd, Order::Gate] {
+            let out = verify_block(&easd(order), false, 1, 100, &drafts, &targets);
+            assert_eq!(out.tokens, vec![1, 30]);
+            assert_eq!(out.accepted, 1);
+            assert_eq!(
+                out.rejection,
+                Some(Rejection::Easd { index: 1, draft_entropy: 2.0, target_entropy: 2.0, overlap: 1.0 })
+            );
+            assert!(out.easd_triggered() && !out.bonus);
+            assert_eq!(out.discarded(drafts.len()), 3);
+        }
+        // The same block in mode sd: everything accepted (p = q = 1), plus the bonus.
+        let out = verify_block(&Mode::Sd, false, 1, 100, &drafts, &targets);
+        assert_eq!(out.tokens, vec![1, X, 3, 4, 40]);
+        assert_eq!((out.accepted, out.rejection.clone(), out.bonus), (4, None, true));
+        assert_eq!(out.discarded(4), 0);
+    }
+
+    #[test]
+    fn gate_rejects_through_easd_where_after_sd_reports_the_sd_rejection() {
+        let top = [X, 11, 12, 13, 14];
+        // p(x) = 0: the SD test must reject, and the EASD rule would fire too.
+        let drafts = [draft(X, 2.0, &top)];
+        let targets = [target(0.0, 2.0, &top), target(1.0, 2.0, &top)];
+        let after = verify_block(&easd(Order::AfterSd), false, 1, 0, &drafts, &targets);
+        assert_eq!(after.tokens, vec![20]);
+        assert_eq!(after.rejection, Some(Rejection::Sd { index: 0 }));
+        let gate = verify_block(&easd(Order::Gate), false, 1, 0, &drafts, &targets);
+        assert_eq!(gate.tokens, vec![30]);
+        assert!(gate.easd_triggered());
+        // Greedy: a mismatch with the argmax is an SD rejection emitting the argmax.
+        let mismatch = [target(0.0, 0.0, &[7, 8, 9, 10, 11]), target(1.0, 0.0, &top)];
+        let mut greedy_target = mismatch.clone();
+        greedy_target[0].residual_token = Some(7);
+        let out = verify_block(&easd(Order::AfterSd), true, 1, 0, &drafts, &greedy_target);
+        assert_eq!((out.tokens, out.rejection), (vec![7], Some(Rejection::Sd { index: 0 })));
+    }
+
+    #[test]
+    fn greedy_easd_picks_the_targets_second_best() {
+        let logits = [0.5f32, 3.0, 2.9, 2.8, 2.7, 2.6, 0.0, -1.0];
+        let opts = TargetOptions { top_n: 5, penalty: Penalty::Mask, logprobs: 0 };
+        let greedy = SamplingParams::greedy();
+        let d = propose(&logits, &greedy, 64, 5, 3, 0);
+        assert_eq!(d.token, 1);
+        let t0 = score_position(&logits, &greedy, &opts, Some((d.token, &d.proposal)), 3, 0);
+        let t1 = score_position(&logits, &greedy, &opts, None, 3, 1);
+        assert_eq!(t0.easd_token, Some(2));
+        let params = EasdParams { tau_draft: 1.0, tau_target: 1.0, ..EasdParams::default() };
+        assert!(t0.entropy > 1.0 && d.entropy > 1.0);
+        let out = verify_block(&Mode::Easd(params), true, 3, 0, &[d], &[t0, t1]);
+        assert_eq!(out.tokens, vec![2]);
+        assert!(out.easd_triggered());
+    }
+
+    #[test]
+    fn the_mask_penalty_never_emits_the_drafted_token() {
+        let logits = [2.0f32, 1.9, 1.0, -3.0, f32::NEG_INFINITY];
+        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0 };
+        let opts = TargetOptions::default();
+        let q = SparseDist::point(0);
+        let mut seen = [0usize; 5];
+        for seed in 0..2000 {
+            let t = score_position(&logits, &params, &opts, Some((0, &q)), seed, 5);
+            seen[t.easd_token.unwrap() as usize] += 1;
+        }
+        assert_eq!((seen[0], seen[4]), (0, 0));
+        assert!(seen[1] > seen[2] && seen[2] > seen[3] && seen[3] > 0, "{seen:?}");
+        // Scale(0.5) keeps x_j with half its mass: p(0) = 0.5·0.44 / (1 - 0.5·0.44) ~ 0.29.
+        let opts = TargetOptions { penalty: Penalty::Scale(0.5), ..TargetOptions::default() };
+        let kept = (0..2000)
+            .filter(|&seed| score_position(&logits, &params, &opts, Some((0, &q)), seed, 5).easd_token == Some(0))
+            .count();
+        assert!((480..680).contains(&kept), "{kept}");
+    }
+
+    #[test]
+    fn target_and_draft_modes_do_not_speculate() {
+        let top = [10, 11, 12, 13, 14];
+        let drafts = [draft(1, 0.0, &top), draft(2, 0.0, &top)];
+        let targets: Vec<_> = (0..3).map(|_| target(0.0, 0.0, &top)).collect();
+        let t = verify_block(&Mode::Target, false, 1, 0, &[], &targets[..1]);
+        assert_eq!((t.tokens, t.bonus), (vec![40], true));
+        let d = verify_block(&Mode::Draft, false, 1, 0, &drafts, &targets);
+        assert_eq!((d.tokens, d.accepted, d.bonus), (vec![1, 2], 2, false));
+    }
+
+    #[test]
+    fn malformed_blocks_are_reported_and_never_panic() {
+        let top = [10, 11, 12, 13, 14];
+        let drafts = [draft(1, 0.0, &top), draft(2, 0.0, &top)];
+        let targets = [target(1.0, 0.0, &top), target(1.0, 0.0, &top)];
+        assert_eq!(
+            check_block(&drafts, &targets).unwrap_err().to_string(),
+            "invalid target: expected 3 target positions for 2 drafted tokens, got 2"
+        );
+        assert!(check_block(&drafts[..1], &targets).is_ok());
+        // One draft verified against the one position that has a successor.
+        let out = verify_block(&Mode::Sd, false, 1, 0, &drafts, &targets);
+        assert_eq!(out.tokens, vec![1, 40]);
+        let empty = verify_block(&Mode::Sd, false, 1, 0, &drafts, &[]);
+        assert!(empty.tokens.is_empty());
+    }
+}
