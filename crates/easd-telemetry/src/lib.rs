@@ -17,15 +17,16 @@
 //! # Wiring a service
 //!
 //! ```no_run
-//! use easd_telemetry::{WorkerMetrics, serve_metrics};
+//! use easd_telemetry::{WorkerMetrics, serve_metrics_on};
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     // Keep the guard alive for the whole of main: dropping it flushes pending spans.
 //!     let _telemetry = easd_telemetry::init("easd-verifier")?;
 //!     let metrics = WorkerMetrics::new("verifier");
-//!     let addr = "0.0.0.0:9102".parse()?;
-//!     tokio::spawn(serve_metrics(addr, metrics.registry()));
+//!     // Bind before spawning so a taken port fails the start, not a background task.
+//!     let listener = tokio::net::TcpListener::bind("0.0.0.0:9102").await?;
+//!     tokio::spawn(serve_metrics_on(listener, metrics.registry()));
 //!     // Every request gets a server span that continues the caller's trace:
 //!     // tonic::transport::Server::builder()
 //!     //     .trace_fn(easd_telemetry::server_span)
