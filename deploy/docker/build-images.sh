@@ -36,7 +36,7 @@ for bin in "${binaries[@]}"; do packages+=(-p "$bin"); done
 
 start=$(date +%s)
 if [[ $skip_cargo -eq 0 ]]; then
-    cargo_args=(build --profile "$profile" --locked "${packages[@]}")
+    cargo_args=(build --profile "$profile" "${packages[@]}")
     [[ -n "$features" ]] && cargo_args+=(--features "$features")
     echo "build-images.sh: cargo ${cargo_args[*]}"
     (cd "$repo" && cargo "${cargo_args[@]}")
