@@ -7,7 +7,7 @@
 #   --tag          image tag (default easd:latest)
 #   --base-image   base image (default easd-base:bookworm, built locally by build-base.sh when
 #                  missing; any other value is used as given, e.g. debian:bookworm-slim)
-#   --features     cargo features (e.g. easd-draft/cuda,easd-verifier/cuda)
+#   --features     cargo features, package-qualified (e.g. easd-model/cuda)
 #   --profile      cargo profile (default release)
 #   --skip-cargo   reuse the binaries already in target/<profile>/
 set -euo pipefail
@@ -31,12 +31,13 @@ while [[ $# -gt 0 ]]; do
 done
 
 binaries=(easd easd-draft easd-verifier easd-coordinator)
-packages=()
-for bin in "${binaries[@]}"; do packages+=(-p "$bin"); done
+# By binary name, not package, so moving a binary between workspace packages needs no change.
+targets=()
+for bin in "${binaries[@]}"; do targets+=(--bin "$bin"); done
 
 start=$(date +%s)
 if [[ $skip_cargo -eq 0 ]]; then
-    cargo_args=(build --profile "$profile" "${packages[@]}")
+    cargo_args=(build --profile "$profile" "${targets[@]}")
     [[ -n "$features" ]] && cargo_args+=(--features "$features")
     echo "build-images.sh: cargo ${cargo_args[*]}"
     (cd "$repo" && cargo "${cargo_args[@]}")
