@@ -1,0 +1,68 @@
+//! OpenAI-compatible HTTP API on the EASD coordinator.
+//!
+//! `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`, served next to the
+//! coordinator's gRPC API and mapped onto the same path: a body is parsed into a `GenerateRequest`, validated by
+//! `Coordinator::plan` and run by `Coordinator::generate` — there is no second implementation of the loop.
+//!
+//! Decisions:
+//! * OpenAI semantics where they differ from the gRPC defaults: temperature defaults to 1, chat without a token
+//!   limit runs to the end of the context window, completions default to 16 tokens, a full context window is
+//!   `finish_reason: "length"`.
+//! * EASD settings travel in an extra body field `easd` (`mode`, `k`, `top_n`, `rho`, `tau_draft`, `tau_target`,
+//!   `order`, `penalty_alpha`) that OpenAI clients send only when asked (`extra_body` in the Python client); the
+//!   speculative summary comes back in an extra `easd` field of the final response or stream chunk.
+//! * Generation runs in its own task feeding a small channel; the response (or the SSE body) owns the receiving
+//!   end. A client that disconnects drops it, the coordinator's next send fails, and the coordinator releases the
+//!   session on the draft and the verifier.
+//! * A streamed response waits for the first event before sending headers, so failures before the first token
+//!   (no verifier available, …) get a real HTTP status; later failures end the stream with an error event.
+
+mod error;
+mod request;
+mod response;
+mod routes;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use easd_server::Coordinator;
+use tokio::net::TcpListener;
+
+pub use error::{Endpoint, Error};
+pub use request::{DEFAULT_COMPLETIONS_MAX_TOKENS, DEFAULT_TEMPERATURE, ParsedRequest, parse};
+
+/// Settings of the HTTP API.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// When set, `/v1/*` requires `Authorization: Bearer <api_token>` (`/health` stays open).
+    pub api_token: Option<String>,
+    /// Larger request bodies are refused with 413.
+    pub max_body_bytes: usize,
+    /// The model id clients send and `/v1/models` lists; default: the target model's name, lower-cased, spaces
+    /// replaced by dashes ("Qwen2.5 Coder 1.5B Instruct" → "qwen2.5-coder-1.5b-instruct").
+    pub model_name: Option<String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self { api_token: None, max_body_bytes: 4 << 20, model_name: None }
+    }
+}
+
+/// The API as an axum router (for tests, or to mount next to other routes).
+pub fn router(coordinator: Arc<Coordinator>, config: HttpConfig) -> axum::Router {
+    routes::router(coordinator, config)
+}
+
+/// Serves the API on `listener` until `shutdown` completes, then lets open responses finish.
+pub async fn serve(
+    listener: TcpListener,
+    coordinator: Arc<Coordinator>,
+    config: HttpConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr = listener.local_addr()?;
+    let app = router(coordinator, config);
+    tracing::info!(%addr, "OpenAI-compatible HTTP API listening");
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
