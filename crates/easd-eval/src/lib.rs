@@ -18,6 +18,7 @@ mod dataset;
 mod error;
 mod extract;
 mod generator;
+mod grpc;
 mod output;
 mod plots;
 mod progress;
@@ -38,6 +39,7 @@ pub use generator::{
     ChatMessage, EasdOrder, EasdSettings, EvalRequest, Generation, GenerationSummary, Generator, Mode, Sampling,
     Trigger,
 };
+pub use grpc::{CoordinatorDescription, CoordinatorGenerator};
 pub use output::{ReportFiles, write_report};
 pub use plots::{EntropyPanel, SweepSeries, accuracy_plot, entropy_plot, sweep_plot};
 pub use progress::{BarProgress, NoProgress, Progress};
