@@ -87,7 +87,7 @@ fn mode_to_proto(mode: Mode) -> pb::Mode {
 fn request_to_proto(request: &EvalRequest) -> pb::GenerateRequest {
     let messages =
         request.messages.iter().map(|m| pb::ChatMessage { role: m.role.clone(), content: m.content.clone() }).collect();
-    let easd = (request.mode == Mode::Easd).then(|| pb::EasdParams {
+    let easd = (request.mode == Mode::Easd).then_some(pb::EasdParams {
         top_n: request.easd.top_n,
         rho: request.easd.rho,
         tau_draft: request.easd.tau_draft,
