@@ -13,6 +13,7 @@ pub mod local;
 pub mod prefix;
 pub mod serve;
 pub mod sessions;
+pub mod tls;
 pub mod verifier;
 pub mod worker;
 

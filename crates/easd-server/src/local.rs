@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::coordinator::{Coordinator, CoordinatorConfig};
 use crate::error::ServerError;
-use crate::serve::{serve_coordinator, serve_draft, serve_verifier};
+use crate::serve::{ServerOptions, serve_coordinator, serve_draft, serve_verifier};
 use crate::sessions::SessionLimits;
 use crate::worker::Worker;
 
@@ -24,6 +24,8 @@ pub struct LocalOptions {
     pub default_easd: EasdParams,
     /// Where the coordinator listens (port 0: any free port).
     pub coordinator_addr: SocketAddr,
+    /// Bearer token for the coordinator's client API.
+    pub api_token: Option<String>,
 }
 
 impl Default for LocalOptions {
@@ -33,6 +35,7 @@ impl Default for LocalOptions {
             limits: SessionLimits::default(),
             default_easd: EasdParams::default(),
             coordinator_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            api_token: None,
         }
     }
 }
@@ -86,7 +89,7 @@ impl LocalStack {
         let (listener, draft_url) = bind(loopback).await?;
         let (w, stop) = (draft_worker.clone(), wait());
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = serve_draft(listener, w, stop).await {
+            if let Err(e) = serve_draft(listener, w, &ServerOptions::default(), stop).await {
                 tracing::error!(error = %e, "draft server failed");
             }
         }));
@@ -98,7 +101,7 @@ impl LocalStack {
             let (listener, url) = bind(loopback).await?;
             let (w, stop) = (worker.clone(), wait());
             tasks.push(tokio::spawn(async move {
-                if let Err(e) = serve_verifier(listener, w, stop).await {
+                if let Err(e) = serve_verifier(listener, w, &ServerOptions::default(), stop).await {
                     tracing::error!(error = %e, "verifier server failed");
                 }
             }));
@@ -110,9 +113,10 @@ impl LocalStack {
         config.default_easd = opts.default_easd;
         let coordinator = Coordinator::connect(config, tokenizer).await?;
         let (listener, coordinator_url) = bind(opts.coordinator_addr).await?;
+        let opts_server = ServerOptions { tls: None, api_token: opts.api_token.clone() };
         let (c, stop) = (coordinator.clone(), wait());
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = serve_coordinator(listener, c, stop).await {
+            if let Err(e) = serve_coordinator(listener, c, &opts_server, stop).await {
                 tracing::error!(error = %e, "coordinator server failed");
             }
         }));

@@ -8,12 +8,55 @@ use easd_proto::v1::{
 };
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
+use tonic::service::Interceptor;
+use tonic::transport::{Server, ServerTlsConfig};
+use tonic::{Request, Status};
 
 use crate::coordinator::{Coordinator, CoordinatorService};
 use crate::draft::DraftService;
 use crate::verifier::VerifierService;
 use crate::worker::Worker;
+
+/// Transport security and client authentication of one server.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// TLS (with `client_ca_root` set: mutual TLS, the workers' setting).
+    pub tls: Option<ServerTlsConfig>,
+    /// Bearer token required on the coordinator's client API (health and reflection stay open for probes).
+    pub api_token: Option<String>,
+}
+
+impl ServerOptions {
+    fn builder(&self) -> Result<Server, tonic::transport::Error> {
+        let builder = Server::builder();
+        match &self.tls {
+            Some(tls) => builder.tls_config(tls.clone()),
+            None => Ok(builder),
+        }
+    }
+}
+
+/// Checks `authorization: Bearer <token>` when a token is configured.
+#[derive(Clone)]
+pub struct BearerAuth {
+    expected: Option<String>,
+}
+
+impl Interceptor for BearerAuth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(expected) = &self.expected else { return Ok(req) };
+        let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        match given.and_then(|v| v.strip_prefix("Bearer ")) {
+            Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(req),
+            Some(_) => Err(Status::unauthenticated("invalid bearer token")),
+            None => Err(Status::unauthenticated("missing bearer token: send `authorization: Bearer <token>`")),
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 /// Messages carry at most a block of sparse summaries; prompts are the largest thing sent.
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -30,12 +73,14 @@ fn reflection()
 pub async fn serve_draft(
     listener: TcpListener,
     worker: Arc<Worker>,
+    options: &ServerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<DraftServer<DraftService>>().await;
     worker.spawn_idle_sweeper();
-    Server::builder()
+    options
+        .builder()?
         .add_service(health)
         .add_service(reflection())
         .add_service(DraftServer::new(DraftService::new(worker)).max_decoding_message_size(MAX_MESSAGE_BYTES))
@@ -46,12 +91,14 @@ pub async fn serve_draft(
 pub async fn serve_verifier(
     listener: TcpListener,
     worker: Arc<Worker>,
+    options: &ServerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<VerifierServer<VerifierService>>().await;
     worker.spawn_idle_sweeper();
-    Server::builder()
+    options
+        .builder()?
         .add_service(health)
         .add_service(reflection())
         .add_service(VerifierServer::new(VerifierService::new(worker)).max_decoding_message_size(MAX_MESSAGE_BYTES))
@@ -62,16 +109,19 @@ pub async fn serve_verifier(
 pub async fn serve_coordinator(
     listener: TcpListener,
     coordinator: Arc<Coordinator>,
+    options: &ServerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<CoordinatorServer<CoordinatorService>>().await;
-    Server::builder()
+    let auth = BearerAuth { expected: options.api_token.clone() };
+    let service =
+        CoordinatorServer::new(CoordinatorService::new(coordinator)).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    options
+        .builder()?
         .add_service(health)
         .add_service(reflection())
-        .add_service(
-            CoordinatorServer::new(CoordinatorService::new(coordinator)).max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
+        .add_service(tonic::service::interceptor::InterceptedService::new(service, auth))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
 }

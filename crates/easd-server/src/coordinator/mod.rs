@@ -119,6 +119,17 @@ impl Coordinator {
             draft: Some(self.draft_info.clone()),
             verifiers: self.verifier_infos.clone(),
             default_easd: Some(easd_params_to_pb(&self.default_easd)),
+            replicas: [&self.drafts, &self.verifiers]
+                .into_iter()
+                .flat_map(|pool| {
+                    pool.replicas().into_iter().map(|r| pb::ReplicaStatus {
+                        url: r.url.clone(),
+                        role: pool.role.name().to_owned(),
+                        healthy: r.is_healthy(),
+                        live_sessions: r.live_sessions() as u32,
+                    })
+                })
+                .collect(),
         }
     }
 

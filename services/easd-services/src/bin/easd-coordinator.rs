@@ -1,13 +1,17 @@
 //! The coordinator: the service clients call; drives the draft/verify loop across the workers.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use easd_model::{Tokenizer, default_models_dir, resolve_model};
+use easd_server::coordinator::pool::PoolConfig;
+use easd_server::coordinator::retry::Backoff;
 use easd_server::{Coordinator, CoordinatorConfig, serve::serve_coordinator};
+use easd_services::{ServerTlsArgs, init_logging, shutdown_signal};
 
 #[derive(Parser)]
 #[command(
@@ -17,40 +21,83 @@ use easd_server::{Coordinator, CoordinatorConfig, serve::serve_coordinator};
 struct Args {
     #[arg(long, default_value = "0.0.0.0:50050", env = "EASD_LISTEN")]
     listen: SocketAddr,
-    /// Draft worker URL, e.g. http://draft:50051
-    #[arg(long, env = "EASD_DRAFT")]
-    draft: String,
+    /// Draft worker URL, e.g. http://draft:50051 (repeatable: sessions fail over between them).
+    #[arg(long = "draft", env = "EASD_DRAFTS", value_delimiter = ',', required = true)]
+    drafts: Vec<String>,
     /// Verifier replica URL (repeatable).
-    #[arg(long = "verifier", env = "EASD_VERIFIERS", value_delimiter = ',', required = true)]
+    #[arg(long = "verifier", env = "EASD_VERIFIERS", value_delimiter = ',', required_unless_present = "verifier_dns")]
     verifiers: Vec<String>,
+    /// host:port re-resolved periodically for verifier replicas (e.g. a Kubernetes headless service).
+    #[arg(long, env = "EASD_VERIFIER_DNS", conflicts_with = "verifiers")]
+    verifier_dns: Option<String>,
     /// GGUF file whose tokenizer and chat template the coordinator uses (the target's): path or "target".
     #[arg(long, default_value = "target", env = "EASD_TOKENIZER")]
     tokenizer: String,
     /// Deadline of each call to a worker, in seconds.
-    #[arg(long, default_value_t = 60)]
-    call_timeout_s: u64,
+    #[arg(long, default_value_t = 60.0)]
+    call_timeout_s: f64,
+    /// Period of the replicas' health checks (and DNS re-resolution), in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    health_interval_s: f64,
+    /// Attempts per worker call before the client gets UNAVAILABLE.
+    #[arg(long, default_value_t = 6)]
+    max_attempts: u32,
+    /// Concurrent sessions per verifier replica; more wait in the queue.
+    #[arg(long, default_value_t = 64)]
+    max_sessions_per_replica: usize,
+    /// Sessions that may wait for a replica; more get RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Bearer token clients must send (authorization: Bearer …).
+    #[arg(long, env = "EASD_API_TOKEN")]
+    api_token: Option<String>,
+    /// PEM CA that the workers' certificates chain to: the coordinator talks TLS to its workers.
+    #[arg(long, env = "EASD_WORKER_CA")]
+    worker_ca: Option<PathBuf>,
+    /// Client certificate and key presented to the workers (mutual TLS).
+    #[arg(long, requires_all = ["worker_ca", "worker_client_key"])]
+    worker_client_cert: Option<PathBuf>,
+    #[arg(long, requires = "worker_client_cert")]
+    worker_client_key: Option<PathBuf>,
+    /// Name the workers' certificates carry (default: the host of each URL).
+    #[arg(long)]
+    worker_tls_domain: Option<String>,
+    #[command(flatten)]
+    tls: ServerTlsArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    init_logging();
     let args = Args::parse();
+    let options = args.tls.options(args.api_token.clone())?;
     let path = resolve_model(&args.tokenizer, &default_models_dir(), false).context("resolving the tokenizer model")?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf_file(&path).with_context(|| format!("reading the tokenizer of {}", path.display()))?,
     );
-    let mut config = CoordinatorConfig::new(args.draft, args.verifiers);
-    config.call_timeout = Duration::from_secs(args.call_timeout_s);
+    let worker_tls = match &args.worker_ca {
+        Some(ca) => {
+            let identity = args.worker_client_cert.as_deref().zip(args.worker_client_key.as_deref());
+            Some(easd_server::tls::client_tls(ca, identity, args.worker_tls_domain.as_deref())?)
+        }
+        None => None,
+    };
+    let mut config = CoordinatorConfig::new(String::new(), args.verifiers);
+    config.draft_urls = args.drafts;
+    config.verifier_dns = args.verifier_dns;
+    config.pool = PoolConfig {
+        call_timeout: Duration::from_secs_f64(args.call_timeout_s),
+        health_interval: Duration::from_secs_f64(args.health_interval_s),
+        max_sessions_per_replica: args.max_sessions_per_replica,
+        max_queue: args.max_queue,
+        backoff: Backoff { max_attempts: args.max_attempts, ..Backoff::default() },
+        tls: worker_tls,
+        ..PoolConfig::default()
+    };
     let coordinator = Coordinator::connect(config, tokenizer).await.context("connecting to the workers")?;
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(addr = %args.listen, "coordinator serving");
-    serve_coordinator(listener, coordinator, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await
-    .context("serving")?;
+    serve_coordinator(listener, coordinator, &options, shutdown_signal()).await.context("serving")?;
     Ok(())
 }

@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
 use easd_server::{SessionLimits, Worker, local::load_model, serve::serve_draft};
+use easd_services::{ServerTlsArgs, init_logging, shutdown_signal};
 
 #[derive(Parser)]
 #[command(version, about = "EASD draft worker: proposes token blocks with a small model")]
@@ -29,18 +30,19 @@ struct Args {
     /// Sessions idle for longer are dropped, in seconds.
     #[arg(long, default_value_t = 300)]
     idle_timeout_s: u64,
+    #[command(flatten)]
+    tls: ServerTlsArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    init_logging();
     let args = Args::parse();
+    let options = args.tls.options(None)?;
     let path = resolve_model(&args.model, &default_models_dir(), false).context("resolving the model")?;
-    let opts =
+    let load =
         LoadOptions { device: parse_device(&args.device)?, requantize: !args.no_requantize, ..LoadOptions::default() };
-    let model = load_model(&path, &opts).await.with_context(|| format!("loading {}", path.display()))?;
+    let model = load_model(&path, &load).await.with_context(|| format!("loading {}", path.display()))?;
     let limits = SessionLimits {
         budget_bytes: args.kv_budget_mib << 20,
         idle_timeout: Duration::from_secs(args.idle_timeout_s),
@@ -48,11 +50,6 @@ async fn main() -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(addr = %args.listen, model = %path.display(), "draft worker serving");
-    serve_draft(listener, Worker::new(model, limits, "draft"), shutdown_signal()).await.context("serving")?;
+    serve_draft(listener, Worker::new(model, limits, "draft"), &options, shutdown_signal()).await.context("serving")?;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let _ = tokio::signal::ctrl_c().await;
-    tracing::info!("shutting down");
 }
