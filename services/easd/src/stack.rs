@@ -1,0 +1,47 @@
+//! Starting the whole system in this process (`easd up`, `easd ask` without `--coordinator`).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
+use easd_server::local::{LocalOptions, LocalStack};
+
+/// Which models to run locally and how.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LocalArgs {
+    /// Draft model: a GGUF path, or "draft" for the default (pulled on first use).
+    #[arg(long, default_value = "draft")]
+    pub draft_model: String,
+    /// Target model: a GGUF path, or "target" for the default (pulled on first use).
+    #[arg(long, default_value = "target")]
+    pub target_model: String,
+    /// Where the default models live [default: $EASD_MODELS_DIR or the user cache directory].
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
+    /// cpu | cuda | cuda:N
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Keep Q5_0/Q5_1/Q4_1 tensors as they are instead of re-quantizing them to Q8_0.
+    #[arg(long)]
+    pub no_requantize: bool,
+    /// Verifier replicas to start.
+    #[arg(long, default_value_t = 1)]
+    pub verifiers: usize,
+}
+
+impl LocalArgs {
+    /// Resolves (pulling the default pair if missing), loads and starts draft, verifier(s) and coordinator.
+    pub async fn start(&self, opts: LocalOptions) -> anyhow::Result<LocalStack> {
+        let dir = self.models_dir.clone().unwrap_or_else(default_models_dir);
+        let draft = resolve_model(&self.draft_model, &dir, true).context("resolving the draft model")?;
+        let target = resolve_model(&self.target_model, &dir, true).context("resolving the target model")?;
+        let load = LoadOptions {
+            device: parse_device(&self.device)?,
+            requantize: !self.no_requantize,
+            ..LoadOptions::default()
+        };
+        eprintln!("loading {} and {} …", draft.display(), target.display());
+        let opts = LocalOptions { verifier_replicas: self.verifiers, ..opts };
+        LocalStack::start_from_files(&draft, &target, &load, opts).await.context("starting the local stack")
+    }
+}
