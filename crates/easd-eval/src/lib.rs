@@ -19,6 +19,7 @@ mod error;
 mod extract;
 mod generator;
 mod grpc;
+mod model_scorer;
 mod output;
 mod plots;
 mod progress;
@@ -40,6 +41,7 @@ pub use generator::{
     Trigger,
 };
 pub use grpc::{CoordinatorDescription, CoordinatorGenerator};
+pub use model_scorer::ModelScorer;
 pub use output::{ReportFiles, write_report};
 pub use plots::{EntropyPanel, SweepSeries, accuracy_plot, entropy_plot, sweep_plot};
 pub use progress::{BarProgress, NoProgress, Progress};
