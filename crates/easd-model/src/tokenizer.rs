@@ -96,8 +96,14 @@ impl Tokenizer {
         let bos = meta.opt_usize("tokenizer.ggml.bos_token_id")?;
         let eos = meta.opt_usize("tokenizer.ggml.eos_token_id")?;
         let text_of = |id: Option<usize>| id.and_then(|i| tokens.get(i)).map(|s| s.to_string()).unwrap_or_default();
-        let mut stop_ids: Vec<u32> =
-            tokens.iter().enumerate().filter(|(_, t)| STOP_TOKENS.contains(t)).map(|(i, _)| i as u32).collect();
+        // Only special tokens: Qwen's vocabulary also has "</s>" as ordinary text.
+        let mut stop_ids: Vec<u32> = tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter(|(_, (t, ty))| is_literal_type(**ty) && STOP_TOKENS.contains(t))
+            .map(|(i, _)| i as u32)
+            .collect();
         if let Some(e) = eos.filter(|&e| e < tokens.len()) {
             stop_ids.push(e as u32);
         }

@@ -1,0 +1,224 @@
+//! `easd bench model|verify`: speed figures and the block-verify check on a real model.
+
+use anyhow::Context;
+use easd_model::{
+    ChatMessage, LoadOptions, Model, block_agreement, default_models_dir, greedy_generate, parse_device, resolve_model,
+};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Load time, memory, prefill and decode tok/s, latency of one k-token forward.
+    Model(ModelBenchArgs),
+    /// Greedy answer to a GSM8K question, then one-pass block scoring vs sequential argmax.
+    Verify(VerifyArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ModelSource {
+    /// A GGUF file, or `draft` / `target` for the default models.
+    #[arg(long, default_value = "target")]
+    pub model: String,
+    /// Models folder for `draft` / `target` [default: $EASD_MODELS_DIR or <cache dir>/easd/models].
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Keep Q5_0/Q5_1/Q4_1 tensors as they are (default: re-quantize them to Q8_0).
+    #[arg(long)]
+    pub no_requantize: bool,
+}
+
+impl ModelSource {
+    fn load(&self) -> anyhow::Result<(Model, f64)> {
+        let dir = self.dir.clone().unwrap_or_else(default_models_dir);
+        let path = resolve_model(&self.model, &dir, false)?;
+        let opts = LoadOptions { device: parse_device(&self.device)?, requantize: !self.no_requantize, warmup: true };
+        let t = Instant::now();
+        let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
+        Ok((model, t.elapsed().as_secs_f64()))
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ModelBenchArgs {
+    #[command(flatten)]
+    pub source: ModelSource,
+    /// Prompt length for the prefill figure.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Tokens generated one at a time for the decode figure.
+    #[arg(long, default_value_t = 64)]
+    pub decode_tokens: usize,
+    /// Block sizes for the k-token forward latency.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub ks: Vec<usize>,
+    /// Repetitions per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub source: ModelSource,
+    /// The user question.
+    #[arg(
+        long,
+        default_value = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
+    )]
+    pub question: String,
+    #[arg(long, default_value_t = 200)]
+    pub max_tokens: usize,
+    /// Tokens scored per forward.
+    #[arg(long, default_value_t = 8)]
+    pub block: usize,
+}
+
+pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Model(args) => bench_model(args),
+        BenchCommand::Verify(args) => verify(args),
+    }
+}
+
+fn bench_model(args: ModelBenchArgs) -> anyhow::Result<()> {
+    let (model, load_s) = args.source.load()?;
+    let info = model.info();
+    let rss_loaded = proc_status_kib("VmRSS");
+    println!(
+        "model: {} ({}, {} layers, hidden {}, vocab {}, file {:.1} MiB) on {}",
+        info.name,
+        info.architecture,
+        info.n_layers,
+        info.hidden_size,
+        info.vocab_size,
+        info.file_bytes as f64 / 1048576.0,
+        info.device
+    );
+    let stats = model.load_stats();
+    println!(
+        "load: {load_s:.2} s incl. warm-up; re-quantized to Q8_0: {} tensors ({:.1} M weights); threads: {}",
+        stats.requantized_tensors,
+        stats.requantized_elements as f64 / 1e6,
+        candle_threads()
+    );
+
+    let prompt = prompt_tokens(&model, args.prompt_tokens)?;
+    let reps = args.reps.max(1);
+    let mut cache = model.new_cache();
+    let prefill =
+        median((0..reps).map(|_| timed(|| model.forward(&mut cache, &prompt, 0))).collect::<anyhow::Result<_>>()?);
+    println!(
+        "prefill: {} tokens in {:.1} ms = {:.1} tok/s",
+        prompt.len(),
+        prefill * 1e3,
+        prompt.len() as f64 / prefill
+    );
+
+    let mut logits = model.forward(&mut cache, &prompt, 0)?;
+    let t = Instant::now();
+    let mut generated = Vec::with_capacity(args.decode_tokens);
+    for _ in 0..args.decode_tokens {
+        let next = logits.argmax(logits.rows() - 1);
+        generated.push(next);
+        let pos = cache.len();
+        logits = model.forward(&mut cache, &[next], pos)?;
+    }
+    let decode = t.elapsed().as_secs_f64();
+    println!(
+        "decode: {} tokens in {:.1} ms = {:.1} tok/s ({:.1} ms/token, context {}..{})",
+        args.decode_tokens,
+        decode * 1e3,
+        args.decode_tokens as f64 / decode,
+        decode * 1e3 / args.decode_tokens.max(1) as f64,
+        prompt.len(),
+        cache.len()
+    );
+
+    println!("k-token forward after a {}-token context (median of {reps}):", prompt.len());
+    for &k in &args.ks {
+        let block: Vec<u32> = generated.iter().copied().cycle().take(k).collect();
+        if block.is_empty() {
+            continue;
+        }
+        let s = median(
+            (0..reps)
+                .map(|_| timed(|| model.forward(&mut cache, &block, prompt.len())))
+                .collect::<anyhow::Result<_>>()?,
+        );
+        println!("  k = {k:>2}: {:>7.1} ms ({:.1} ms/token)", s * 1e3, s * 1e3 / k as f64);
+    }
+    println!(
+        "memory: RSS after load {:.0} MiB, peak RSS {:.0} MiB, KV cache {:.1} MiB for {} positions",
+        rss_loaded as f64 / 1024.0,
+        proc_status_kib("VmHWM") as f64 / 1024.0,
+        cache.bytes() as f64 / 1048576.0,
+        cache.len()
+    );
+    Ok(())
+}
+
+fn verify(args: VerifyArgs) -> anyhow::Result<()> {
+    let (model, _) = args.source.load()?;
+    let tok = model.tokenizer();
+    let text = tok.apply_chat_template(&[ChatMessage::new("user", args.question.clone())])?;
+    let prompt = tok.encode(&text)?;
+    let t = Instant::now();
+    let generated = greedy_generate(&model, &prompt, args.max_tokens)?;
+    let secs = t.elapsed().as_secs_f64();
+    println!("{}\n---", tok.decode(&generated)?);
+    println!(
+        "{} tokens in {:.1} s ({:.1} tok/s incl. a {}-token prefill)",
+        generated.len(),
+        secs,
+        generated.len() as f64 / secs,
+        prompt.len()
+    );
+    let a = block_agreement(&model, &prompt, &generated, args.block)?;
+    println!(
+        "{}-token one-pass verify vs sequential greedy: {}/{} positions agree",
+        args.block,
+        a.positions - a.mismatches.len(),
+        a.positions
+    );
+    for (pos, gap) in &a.mismatches {
+        println!("  mismatch at generated position {pos}: top-1/top-2 gap in the block logits {gap:.3}");
+    }
+    Ok(())
+}
+
+/// A prompt of exactly `n` tokens: a GSM8K-style chat, repeated as needed.
+fn prompt_tokens(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
+    let tok = model.tokenizer();
+    let q = "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. How much in dollars does she make every day at the farmers' market?";
+    let text = tok.apply_chat_template(&[ChatMessage::new("user", q)]).unwrap_or_else(|_| q.to_string());
+    let one = tok.encode(&text)?;
+    anyhow::ensure!(!one.is_empty(), "the tokenizer produced no tokens");
+    Ok(one.iter().copied().cycle().take(n.max(1)).collect())
+}
+
+fn timed<T>(f: impl FnOnce() -> easd_model::Result<T>) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+/// A field of /proc/self/status in KiB (0 where unavailable, e.g. not Linux).
+fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn candle_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

@@ -1,0 +1,82 @@
+//! `easd models pull|list`: the default draft/target pair (DESIGN §4).
+
+use anyhow::Context;
+use easd_model::pull::{PullOptions, pull_with};
+use easd_model::{DefaultModel, default_models_dir, list};
+use std::path::PathBuf;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ModelsCommand {
+    /// Download, assemble and verify the default models (skips files already verified).
+    Pull(PullArgs),
+    /// Show which default models are present and verified.
+    List(DirArg),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DirArg {
+    /// Models folder [default: $EASD_MODELS_DIR or <cache dir>/easd/models].
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    #[command(flatten)]
+    pub dir: DirArg,
+    /// Only this model.
+    #[arg(long, value_enum)]
+    pub only: Option<Which>,
+    /// Use wheels already downloaded into this folder instead of the network.
+    #[arg(long)]
+    pub wheels: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Which {
+    Draft,
+    Target,
+}
+
+impl DirArg {
+    pub fn resolve(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_else(default_models_dir)
+    }
+}
+
+pub fn run(cmd: ModelsCommand) -> anyhow::Result<()> {
+    match cmd {
+        ModelsCommand::Pull(args) => pull(args),
+        ModelsCommand::List(dir) => list_models(dir),
+    }
+}
+
+fn pull(args: PullArgs) -> anyhow::Result<()> {
+    let dir = args.dir.resolve();
+    let which: Vec<DefaultModel> = match args.only {
+        None => DefaultModel::all().to_vec(),
+        Some(Which::Draft) => vec![DefaultModel::Draft],
+        Some(Which::Target) => vec![DefaultModel::Target],
+    };
+    let opts = PullOptions { show_progress: true, wheels_dir: args.wheels };
+    for m in which {
+        let path = pull_with(&dir, m, &opts)
+            .with_context(|| format!("pulling the {} model into {}", m.role(), dir.display()))?;
+        println!("{:<6} {} (verified)", m.role(), path.display());
+    }
+    Ok(())
+}
+
+fn list_models(dir: DirArg) -> anyhow::Result<()> {
+    let dir = dir.resolve();
+    println!("models folder: {}", dir.display());
+    for s in list(&dir) {
+        let state = match (s.present, s.verified) {
+            (true, true) => "verified",
+            (true, false) => "PRESENT BUT FAILS VERIFICATION (run `easd models pull`)",
+            (false, _) => "missing (run `easd models pull`)",
+        };
+        println!("{:<6} {:<42} {state}", s.which.role(), s.which.file_name());
+    }
+    Ok(())
+}
