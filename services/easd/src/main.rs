@@ -1,9 +1,13 @@
 //! `easd`: the command-line tool for people. `main` → `try_main` → one function per command,
 //! each command in its own file.
 
+mod ask;
 mod bench;
+mod health;
 mod models;
+mod stack;
 mod tokenize;
+mod up;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -17,6 +21,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run draft, verifier and coordinator locally on loopback with the default pair, until Ctrl-C.
+    Up(up::UpArgs),
+    /// Ask a question; the answer streams to stdout, the summary follows.
+    Ask(ask::AskArgs),
+    /// Check a server with the standard gRPC health protocol (exit 0 when serving).
+    Health(health::HealthArgs),
     /// Fetch or list the default draft/target models.
     #[command(subcommand)]
     Models(models::ModelsCommand),
@@ -39,8 +49,15 @@ fn main() -> ExitCode {
 
 fn try_main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Up(args) => runtime()?.block_on(up::run(args)),
+        Command::Ask(args) => runtime()?.block_on(ask::run(args)),
+        Command::Health(args) => runtime()?.block_on(health::run(args)),
         Command::Models(cmd) => models::run(cmd),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Bench(cmd) => bench::run(cmd),
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
