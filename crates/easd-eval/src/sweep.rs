@@ -200,3 +200,77 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
     let files = write_text_files(dir, &report, &context)?;
     Ok(ReportFiles { plots: vec![accuracy, sweep_svg], ..files })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibrate::{CalibrationConfig, PairedEntropy};
+    use crate::error::BoxError;
+    use crate::generator::{EvalRequest, Generation, GenerationSummary};
+    use crate::progress::NoProgress;
+
+    fn calibration() -> CalibrationFile {
+        let samples: Vec<PairedEntropy> = (0..101)
+            .map(|i| PairedEntropy { draft: i as f32 / 100.0, target: i as f32 / 200.0, overlap: 0.6 })
+            .collect();
+        CalibrationFile::from_samples(&CalibrationConfig::new("c.jsonl"), "d", "t", 5, &samples).unwrap()
+    }
+
+    /// Right on every problem, except EASD with ρ ≥ 0.8 on even problems; reports one trigger per EASD request.
+    struct Fake;
+
+    impl crate::generator::Generator for Fake {
+        async fn generate(&self, request: &EvalRequest) -> Result<Generation, BoxError> {
+            let problem = request.sampling.seed;
+            let wrong = request.mode == Mode::Easd && request.easd.rho.unwrap_or(0.0) >= 0.8 && problem % 2 == 0;
+            let easd = request.mode == Mode::Easd;
+            Ok(Generation {
+                text: format!("The answer is {}.", if wrong { 0 } else { 7 }),
+                summary: GenerationSummary {
+                    generated_tokens: 10,
+                    wall_s: 0.5,
+                    easd_triggers: u32::from(easd),
+                    ..GenerationSummary::default()
+                },
+            })
+        }
+    }
+
+    #[test]
+    fn grid_points_take_their_thresholds_from_the_calibration() {
+        let points = sweep_points(&SweepGrid::default(), &calibration(), &EasdSettings::default()).unwrap();
+        assert_eq!(points.len(), 6);
+        let (variant, point) = &points[2];
+        assert_eq!(point.label, "easd-p90-rho0.6-n5");
+        assert_eq!(variant.mode, Mode::Easd);
+        assert!((point.tau_draft - 0.9).abs() < 1e-6 && (point.tau_target - 0.45).abs() < 1e-6);
+        assert_eq!(variant.easd.tau_draft, Some(point.tau_draft));
+        let empty = SweepGrid { rhos: vec![], ..SweepGrid::default() };
+        assert!(sweep_points(&empty, &calibration(), &EasdSettings::default()).is_err());
+        let bad = SweepGrid { tau_percentiles: vec![120.0], ..SweepGrid::default() };
+        assert!(sweep_points(&bad, &calibration(), &EasdSettings::default()).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_sweep_runs_the_grid_with_its_baseline_and_writes_a_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let dataset = dir.path().join("dev.jsonl");
+        std::fs::write(&dataset, "{\"question\": \"q\", \"answer\": \"#### 7\"}\n".repeat(4)).unwrap();
+        let mut config = SweepConfig::new(EvalConfig::new(&dataset, dir.path().join("sweep.jsonl")));
+        assert_eq!((config.eval.offset, config.eval.limit), (2000, Some(200)));
+        config.eval.offset = 0;
+        config.eval.limit = None;
+        let err = run_sweep(&config, &calibration(), &Fake, &NoProgress).await.unwrap_err();
+        assert!(err.to_string().contains("held-out"), "{err}");
+        config.eval.limit = Some(4);
+        let sweep = run_sweep(&config, &calibration(), &Fake, &NoProgress).await.unwrap();
+        assert_eq!(sweep.baselines, ["sd"]);
+        assert_eq!(sweep.run.records.len(), 4 * 7);
+        let files = write_sweep_report(&dir.path().join("report"), &sweep, ReportContext::default()).unwrap();
+        let md = std::fs::read_to_string(&files.markdown).unwrap();
+        assert!(md.contains("| easd-p90-rho0.6-n5 | 90 | 0.900 | 0.450 | 0.6 | 5 | 100.0% |"), "{md}");
+        assert!(md.contains("| easd-p90-rho0.8-n5 | 90 | 0.900 | 0.450 | 0.8 | 5 | 50.0% |"), "{md}");
+        let svg = std::fs::read_to_string(dir.path().join("report/sweep.svg")).unwrap();
+        assert!(svg.contains("ρ = 0.8, N = 5") && svg.contains("sd (baseline)"));
+    }
+}
