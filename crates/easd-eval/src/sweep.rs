@@ -222,7 +222,8 @@ mod tests {
     impl crate::generator::Generator for Fake {
         async fn generate(&self, request: &EvalRequest) -> Result<Generation, BoxError> {
             let problem = request.sampling.seed;
-            let wrong = request.mode == Mode::Easd && request.easd.rho.unwrap_or(0.0) >= 0.8 && problem % 2 == 0;
+            let wrong =
+                request.mode == Mode::Easd && request.easd.rho.unwrap_or(0.0) >= 0.8 && problem.is_multiple_of(2);
             let easd = request.mode == Mode::Easd;
             Ok(Generation {
                 text: format!("The answer is {}.", if wrong { 0 } else { 7 }),
