@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The project's test suite: what CI runs (.ci/run) and what a developer runs before pushing.
+# Rust unit + end-to-end + fault tests (tiny models written from code, loopback only), the OpenAI-client
+# tests (official `openai` package in a virtualenv), and the deployment manifests' validation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "format"
+cargo fmt --all -- --check
+
+step "cargo test --workspace"
+cargo test --workspace --no-fail-fast
+
+if [ -x tests/openai/run.sh ]; then
+  step "OpenAI API tests (official openai client)"
+  tests/openai/run.sh
+fi
+
+if [ -x deploy/check.sh ]; then
+  step "deployment manifests (docker compose config, kubernetes-validate)"
+  deploy/check.sh
+fi
+
+step "all tests passed"
