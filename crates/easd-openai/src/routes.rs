@@ -167,6 +167,9 @@ async fn generate(
     }
     let mut generate = parsed.generate.clone();
     generate.request_id = new_id();
+    // Chosen here rather than by the coordinator so that the seed reported back (to reproduce the answer) is a
+    // JSON number every client reads exactly: at most 2^53 - 1.
+    generate.seed = generate.seed.or_else(|| Some(rand::random::<u64>() >> 11));
     let mut plan = state.coordinator.plan(generate).map_err(|e| Error::server(e, endpoint))?;
     if !parsed.max_tokens_set && endpoint == Endpoint::Chat {
         // OpenAI chat without a limit: until a stop, or the context window is full.

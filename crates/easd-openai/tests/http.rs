@@ -116,7 +116,7 @@ async fn post(addr: SocketAddr, path: &str, body: &Value) -> (StatusCode, Value)
 /// The `data:` payloads of a whole SSE body.
 async fn sse_events(response: hyper::Response<Incoming>) -> Vec<String> {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    parse_sse(&String::from_utf8(bytes.to_vec()).unwrap())
+    parse_sse(std::str::from_utf8(&bytes).unwrap())
 }
 
 fn parse_sse(text: &str) -> Vec<String> {
@@ -272,4 +272,29 @@ async fn a_client_leaving_mid_stream_frees_the_session_on_draft_and_verifier() {
     .await
     .expect("the sessions are released once the client is gone");
     server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_get_503_when_no_verifier_is_available() {
+    // A coordinator of its own over the workers of a stack that then goes away.
+    let workers = start(HttpConfig::default()).await;
+    let config =
+        easd_server::CoordinatorConfig::new(workers.stack.draft_url.clone(), workers.stack.verifier_urls.clone());
+    let tokenizer = workers.stack.coordinator.tokenizer().clone();
+    let coordinator = easd_server::Coordinator::connect(config, tokenizer).await.unwrap();
+    let app = easd_openai::router(coordinator, HttpConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let body = workers.chat(json!({"easd": {"mode": "target"}}));
+    assert_eq!(post(addr, "/v1/chat/completions", &body).await.0, StatusCode::OK);
+    workers.shutdown().await;
+
+    let (status, error) = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{error}");
+    assert_eq!(error["error"]["type"], "server_error");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, _) = post(addr, "/v1/chat/completions", &streamed).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "a stream that cannot start is refused with a status");
 }
