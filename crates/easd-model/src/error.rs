@@ -29,6 +29,8 @@ pub enum Error {
     TensorShape { name: String, actual: Vec<usize>, expected: Vec<usize> },
     #[error("forward called with no tokens")]
     EmptyInput,
+    #[error("asked for logits of the last {n_rows} positions of a {tokens}-token forward (must be 1..={tokens})")]
+    RowsOutOfRange { n_rows: usize, tokens: usize },
     #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
     TokenOutOfRange { id: u32, vocab_size: usize },
     #[error("context overflow: positions {start_pos}..{end} exceed the model's maximum context of {max} tokens")]

@@ -10,7 +10,7 @@ use crate::model::Model;
 pub fn greedy_generate(model: &Model, prompt: &[u32], max_new: usize) -> Result<Vec<u32>> {
     let mut cache = model.new_cache();
     let stops = model.tokenizer().stop_token_ids();
-    let mut logits = model.forward(&mut cache, prompt, 0)?;
+    let mut logits = model.forward_last(&mut cache, prompt, 0, 1)?;
     let mut out = Vec::with_capacity(max_new);
     while out.len() < max_new {
         let next = logits.argmax(logits.rows() - 1);
@@ -40,7 +40,7 @@ pub struct BlockAgreement {
 pub fn block_agreement(model: &Model, prompt: &[u32], generated: &[u32], block: usize) -> Result<BlockAgreement> {
     let mut cache: KvCache = model.new_cache();
     let mut agreement = BlockAgreement::default();
-    let logits = model.forward(&mut cache, prompt, 0)?;
+    let logits = model.forward_last(&mut cache, prompt, 0, 1)?;
     compare(&logits, logits.rows() - 1, generated.first(), 0, &mut agreement);
     for (b, chunk) in generated.chunks(block.max(1)).enumerate() {
         let offset = b * block;

@@ -150,10 +150,21 @@ impl Model {
     /// (rollback). Empty input, a start beyond the cache, an id outside the vocabulary or a
     /// context longer than the model's maximum are errors, checked before any work.
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], start_pos: usize) -> Result<Logits> {
+        self.forward_last(cache, tokens, start_pos, tokens.len())
+    }
+
+    /// [`Model::forward`] that computes logits only for the last `n_rows` input positions
+    /// (`1..=tokens.len()`): a prefill needs one row, a verifier only its block's rows. The
+    /// vocabulary projection is a quarter of the 0.5B model's weights, so skipping unneeded
+    /// rows makes prompt processing much cheaper.
+    pub fn forward_last(&self, cache: &mut KvCache, tokens: &[u32], start_pos: usize, n_rows: usize) -> Result<Logits> {
         self.check_input(cache, tokens, start_pos)?;
-        cache.truncate(start_pos)?;
-        cache.reserve(tokens.len())?;
         let seq = tokens.len();
+        if n_rows == 0 || n_rows > seq {
+            return Err(Error::RowsOutOfRange { n_rows, tokens: seq });
+        }
+        cache.truncate(start_pos)?;
+        cache.reserve(seq)?;
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
         let mut x = self.embed.embedding(&ids)?;
         let n_rep = self.cfg.n_heads / self.cfg.n_kv_heads;
@@ -162,6 +173,7 @@ impl Model {
             x = block.forward(&x, i, cache, &self.rope, mask.as_ref())?;
         }
         cache.advance(seq);
+        let x = if n_rows < seq { x.narrow(1, seq - n_rows, n_rows)?.contiguous()? } else { x };
         let x = self.norm.forward(&x)?;
         let logits = self.lm_head.forward(&x)?.squeeze(0)?.to_dtype(DType::F32)?;
         let mut data = logits.flatten_all()?.to_vec1::<f32>()?;
@@ -174,7 +186,7 @@ impl Model {
                 row[known..].fill(f32::NEG_INFINITY);
             }
         }
-        Ok(Logits::new(data, seq, vocab))
+        Ok(Logits::new(data, n_rows, vocab))
     }
 
     fn check_input(&self, cache: &KvCache, tokens: &[u32], start_pos: usize) -> Result<()> {
@@ -295,6 +307,19 @@ mod tests {
                 .sum();
             assert!(entropy < 0.6 * uniform, "row {i}: entropy {entropy} vs uniform {uniform}");
         }
+    }
+
+    #[test]
+    fn forward_last_returns_the_tail_rows_of_forward() {
+        let (_d, m) = tiny(&TinySpec::qwen2(5));
+        let tokens = [3u32, 1, 4, 1, 5, 9];
+        let all = m.forward(&mut m.new_cache(), &tokens, 0).unwrap();
+        let mut c = m.new_cache();
+        let tail = m.forward_last(&mut c, &tokens, 0, 2).unwrap();
+        assert_eq!((tail.rows(), c.len()), (2, 6));
+        assert!(max_diff(tail.row(0), all.row(4)) < TOL && max_diff(tail.row(1), all.row(5)) < TOL);
+        assert!(matches!(m.forward_last(&mut c, &tokens, 0, 0), Err(Error::RowsOutOfRange { .. })));
+        assert!(matches!(m.forward_last(&mut c, &tokens, 0, 7), Err(Error::RowsOutOfRange { .. })));
     }
 
     #[test]

@@ -109,47 +109,50 @@ fn bench_model(args: ModelBenchArgs) -> anyhow::Result<()> {
     let prompt = prompt_tokens(&model, args.prompt_tokens)?;
     let reps = args.reps.max(1);
     let mut cache = model.new_cache();
-    let prefill =
-        median((0..reps).map(|_| timed(|| model.forward(&mut cache, &prompt, 0))).collect::<anyhow::Result<_>>()?);
+    let prefill = median_of(reps, || model.forward_last(&mut cache, &prompt, 0, 1).map(|_| ()))?;
     println!(
-        "prefill: {} tokens in {:.1} ms = {:.1} tok/s",
+        "prefill: {} tokens in {:.1} ms = {:.1} tok/s (cpu {:.1} ms)",
         prompt.len(),
-        prefill * 1e3,
-        prompt.len() as f64 / prefill
+        prefill.wall_s * 1e3,
+        prompt.len() as f64 / prefill.wall_s,
+        prefill.cpu_s * 1e3
     );
 
-    let mut logits = model.forward(&mut cache, &prompt, 0)?;
-    let t = Instant::now();
-    let mut generated = Vec::with_capacity(args.decode_tokens);
-    for _ in 0..args.decode_tokens {
-        let next = logits.argmax(logits.rows() - 1);
-        generated.push(next);
-        let pos = cache.len();
-        logits = model.forward(&mut cache, &[next], pos)?;
-    }
-    let decode = t.elapsed().as_secs_f64();
+    let mut logits = model.forward_last(&mut cache, &prompt, 0, 1)?;
+    let n = args.decode_tokens.max(1);
+    let mut generated = Vec::with_capacity(n);
+    let decode = Sample::measure(|| {
+        for _ in 0..n {
+            let next = logits.argmax(logits.rows() - 1);
+            generated.push(next);
+            let pos = cache.len();
+            logits = model.forward(&mut cache, &[next], pos)?;
+        }
+        Ok(())
+    })?;
     println!(
-        "decode: {} tokens in {:.1} ms = {:.1} tok/s ({:.1} ms/token, context {}..{})",
-        args.decode_tokens,
-        decode * 1e3,
-        args.decode_tokens as f64 / decode,
-        decode * 1e3 / args.decode_tokens.max(1) as f64,
+        "decode: {n} tokens in {:.1} ms = {:.1} tok/s ({:.1} ms/token wall, {:.1} ms/token cpu, context {}..{})",
+        decode.wall_s * 1e3,
+        n as f64 / decode.wall_s,
+        decode.wall_s * 1e3 / n as f64,
+        decode.cpu_s * 1e3 / n as f64,
         prompt.len(),
         cache.len()
     );
 
-    println!("k-token forward after a {}-token context (median of {reps}):", prompt.len());
+    println!("k-token forward, all k logits rows, after a {}-token context (median of {reps}):", prompt.len());
     for &k in &args.ks {
         let block: Vec<u32> = generated.iter().copied().cycle().take(k).collect();
         if block.is_empty() {
             continue;
         }
-        let s = median(
-            (0..reps)
-                .map(|_| timed(|| model.forward(&mut cache, &block, prompt.len())))
-                .collect::<anyhow::Result<_>>()?,
+        let s = median_of(reps, || model.forward(&mut cache, &block, prompt.len()).map(|_| ()))?;
+        println!(
+            "  k = {k:>2}: {:>7.1} ms wall ({:.1} ms/token), cpu {:.1} ms",
+            s.wall_s * 1e3,
+            s.wall_s * 1e3 / k as f64,
+            s.cpu_s * 1e3
         );
-        println!("  k = {k:>2}: {:>7.1} ms ({:.1} ms/token)", s * 1e3, s * 1e3 / k as f64);
     }
     println!(
         "memory: RSS after load {:.0} MiB, peak RSS {:.0} MiB, KV cache {:.1} MiB for {} positions",
@@ -200,15 +203,40 @@ fn prompt_tokens(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
     Ok(one.iter().copied().cycle().take(n.max(1)).collect())
 }
 
-fn timed<T>(f: impl FnOnce() -> easd_model::Result<T>) -> anyhow::Result<f64> {
-    let t = Instant::now();
-    f()?;
-    Ok(t.elapsed().as_secs_f64())
+/// Wall-clock and process CPU time of one measurement. CPU time shows the work done even
+/// when other processes compete for the cores (wall time then inflates).
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    wall_s: f64,
+    cpu_s: f64,
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
+impl Sample {
+    fn measure(f: impl FnOnce() -> easd_model::Result<()>) -> anyhow::Result<Sample> {
+        let (t, c) = (Instant::now(), cpu_seconds());
+        f()?;
+        Ok(Sample { wall_s: t.elapsed().as_secs_f64(), cpu_s: cpu_seconds() - c })
+    }
+}
+
+/// Median (by wall time) of `reps` runs.
+fn median_of(reps: usize, mut f: impl FnMut() -> easd_model::Result<()>) -> anyhow::Result<Sample> {
+    let mut xs = (0..reps.max(1)).map(|_| Sample::measure(&mut f)).collect::<anyhow::Result<Vec<_>>>()?;
+    xs.sort_by(|a, b| a.wall_s.total_cmp(&b.wall_s));
+    Ok(xs[xs.len() / 2])
+}
+
+/// User + system CPU seconds of this process (Linux `/proc/self/stat`; 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    // USER_HZ is 100 on Linux.
+    (tick(11) + tick(12)) as f64 / 100.0
 }
 
 /// A field of /proc/self/status in KiB (0 where unavailable, e.g. not Linux).
