@@ -110,6 +110,8 @@ pub struct EvalConfig {
     pub prompt: PromptTemplate,
     /// Extra attempts for a failed request before the run stops (finished lines stay; rerun to resume).
     pub retries: u32,
+    /// Wait before retry n: n × this.
+    pub retry_backoff_ms: u64,
 }
 
 impl EvalConfig {
@@ -128,6 +130,7 @@ impl EvalConfig {
             max_tokens: 1024,
             prompt: PromptTemplate::default(),
             retries: 2,
+            retry_backoff_ms: 1000,
         }
     }
 
@@ -183,7 +186,22 @@ pub struct EvalRun {
 pub async fn run_eval<G: Generator>(config: &EvalConfig, generator: &G, progress: &dyn Progress) -> Result<EvalRun> {
     config.validate()?;
     let problems = slice(load_problems(&config.dataset)?, config.offset, config.limit);
+    require_references(&problems)?;
     run_problems(config, &problems, generator, progress).await
+}
+
+/// Scoring needs a reference value for every problem; an empty selection is also a mistake worth naming.
+pub(crate) fn require_references(problems: &[Problem]) -> Result<()> {
+    if problems.is_empty() {
+        return Err(Error::invalid("offset", "the selection (offset, limit) holds no problem"));
+    }
+    match problems.iter().find(|p| p.expected.is_none()) {
+        Some(p) => Err(Error::invalid(
+            "dataset",
+            format!("problem {} has no `#### N` reference answer to score against", p.index),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// [`run_eval`] on problems already loaded (used by the sweep and by tests).
@@ -266,7 +284,10 @@ async fn run_one<G: Generator>(
                     source,
                 });
             }
-            Err(_) => continue,
+            Err(_) => {
+                let wait = config.retry_backoff_ms.saturating_mul(u64::from(attempt));
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            }
         }
     };
     let answer = extract_answer(&generation.text);
@@ -420,6 +441,7 @@ mod tests {
     async fn a_transient_failure_is_retried() {
         let (_dir, mut config) = setup(1);
         config.retries = 1;
+        config.retry_backoff_ms = 0;
         let mut fake = Fake::new(usize::MAX);
         fake.flaky = true;
         let run = run_eval(&config, &fake, &NoProgress).await.unwrap();
@@ -428,6 +450,14 @@ mod tests {
 
     #[test]
     fn invalid_configs_name_the_field() {
+        let (dir, mut config) = setup(1);
+        std::fs::write(&config.dataset, "{\"question\": \"no answer\"}\n").unwrap();
+        let err = futures::executor::block_on(run_eval(&config, &Fake::new(0), &NoProgress)).unwrap_err();
+        assert!(err.to_string().contains("problem 0 has no"), "{err}");
+        config.offset = 5;
+        let err = futures::executor::block_on(run_eval(&config, &Fake::new(0), &NoProgress)).unwrap_err();
+        assert!(err.to_string().contains("no problem"), "{err}");
+        drop(dir);
         let (_dir, mut config) = setup(1);
         config.concurrency = 0;
         assert!(config.validate().unwrap_err().to_string().contains("concurrency"));

@@ -141,6 +141,7 @@ pub async fn run_sweep<G: Generator>(
     let baselines = eval.variants.iter().map(|v| v.label.clone()).collect();
     eval.variants.extend(grid.iter().map(|(v, _)| v.clone()));
     let problems = slice(load_problems(&eval.dataset)?, eval.offset, eval.limit);
+    crate::run::require_references(&problems)?;
     let run = run_problems(&eval, &problems, generator, progress).await?;
     Ok(SweepRun { run, points: grid.into_iter().map(|(_, p)| p).collect(), baselines })
 }
