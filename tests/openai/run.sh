@@ -2,7 +2,7 @@
 # Tests the OpenAI-compatible HTTP API with the official `openai` Python package.
 #
 # Makes a virtualenv in target/openai-venv (pip install openai pytest), starts a whole stack on the tiny test
-# models with the HTTP API on (the serve_tiny example of easd-openai), waits for /health, runs pytest, stops the
+# models with the HTTP API on (the serve_local example of easd-openai), waits for /health, runs pytest, stops the
 # server. With EASD_OPENAI_BASE_URL set (e.g. http://127.0.0.1:8080/v1), tests that server instead.
 set -euo pipefail
 
@@ -29,10 +29,10 @@ trap cleanup EXIT
 
 if [ -z "${EASD_OPENAI_BASE_URL:-}" ]; then
     echo "== building the tiny-model server"
-    cargo build --quiet -p easd-openai --example serve_tiny
+    cargo build --quiet -p easd-openai --example serve_local
     target_dir="$(cargo metadata --format-version 1 --no-deps | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
     export EASD_OPENAI_API_KEY="test-token-$$"
-    "$target_dir/debug/examples/serve_tiny" --port 0 --api-token "$EASD_OPENAI_API_KEY" >"$log" 2>&1 &
+    "$target_dir/debug/examples/serve_local" --port 0 --api-token "$EASD_OPENAI_API_KEY" >"$log" 2>&1 &
     server_pid=$!
     addr=""
     for _ in $(seq 1 600); do
