@@ -5,7 +5,7 @@
 //! off, so the next line starts clean. Any other unreadable line is an error naming it — silently dropping results
 //! would bias the report.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,6 +27,9 @@ pub struct ResultRecord {
     /// Hash of everything that shapes the output (see [`crate::run::Variant::settings_hash`]).
     pub settings: String,
     pub seed: u64,
+    /// Hex prefix of the SHA-256 of the question text: guards against reusing results of another dataset.
+    #[serde(default)]
+    pub question_hash: String,
     /// The EASD settings sent (`easd` mode only; unset fields took the coordinator's defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub easd: Option<EasdSettings>,
@@ -82,7 +85,8 @@ pub fn read_results(path: &Path) -> Result<Vec<ResultRecord>> {
 pub struct ResultsFile {
     path: PathBuf,
     file: File,
-    done: HashSet<(usize, String, String)>,
+    /// Key → question hash of the done records.
+    done: HashMap<(usize, String, String), String>,
     records: Vec<ResultRecord>,
 }
 
@@ -99,7 +103,7 @@ impl ResultsFile {
         if complete_len < len {
             file.set_len(complete_len).map_err(Error::io(path))?;
         }
-        let done = records.iter().map(ResultRecord::key).collect();
+        let done = records.iter().map(|r| (r.key(), r.question_hash.clone())).collect();
         Ok(ResultsFile { path: path.to_path_buf(), file, done, records })
     }
 
@@ -108,7 +112,12 @@ impl ResultsFile {
     }
 
     pub fn is_done(&self, problem: usize, variant: &str, settings: &str) -> bool {
-        self.done.contains(&(problem, variant.to_string(), settings.to_string()))
+        self.done.contains_key(&(problem, variant.to_string(), settings.to_string()))
+    }
+
+    /// The question hash stored with a done key (empty for files written before the field existed).
+    pub fn question_hash(&self, problem: usize, variant: &str, settings: &str) -> Option<&str> {
+        self.done.get(&(problem, variant.to_string(), settings.to_string())).map(String::as_str)
     }
 
     /// Every record in the file (loaded and appended).
@@ -122,7 +131,7 @@ impl ResultsFile {
             serde_json::to_string(&record).map_err(|source| Error::Json { path: self.path.clone(), source })?;
         line.push('\n');
         self.file.write_all(line.as_bytes()).and_then(|()| self.file.flush()).map_err(Error::io(&self.path))?;
-        self.done.insert(record.key());
+        self.done.insert(record.key(), record.question_hash.clone());
         self.records.push(record);
         Ok(())
     }
@@ -145,6 +154,7 @@ mod tests {
             mode: Mode::Sd,
             settings: "abc".into(),
             seed: problem as u64,
+            question_hash: "q".into(),
             easd: None,
             expected: Some(1.0),
             predicted: Some(1.0),

@@ -219,7 +219,17 @@ pub async fn run_problems<G: Generator>(
     let mut resumed = 0;
     for problem in problems {
         for (variant, hash) in config.variants.iter().zip(&hashes) {
-            if file.is_done(problem.index, &variant.label, hash) {
+            if let Some(stored) = file.question_hash(problem.index, &variant.label, hash) {
+                if !stored.is_empty() && stored != question_hash(&problem.question) {
+                    return Err(Error::invalid(
+                        "results",
+                        format!(
+                            "{} holds problem {} with another question text: it was written for another dataset",
+                            config.results.display(),
+                            problem.index
+                        ),
+                    ));
+                }
                 resumed += 1;
             } else {
                 jobs.push((problem, variant, hash));
@@ -251,6 +261,10 @@ pub async fn run_problems<G: Generator>(
     let order = |label: &str| config.variants.iter().position(|v| v.label == label);
     records.sort_by_key(|r| (r.problem, order(&r.variant)));
     Ok(EvalRun { records, generated, resumed, elapsed_s: started.elapsed().as_secs_f64() })
+}
+
+fn question_hash(question: &str) -> String {
+    hex::encode(&Sha256::digest(question.as_bytes())[..6])
 }
 
 async fn run_one<G: Generator>(
@@ -300,6 +314,7 @@ async fn run_one<G: Generator>(
         mode: variant.mode,
         settings: hash.to_string(),
         seed,
+        question_hash: question_hash(&problem.question),
         easd: (variant.mode == Mode::Easd).then(|| variant.easd.clone()),
         expected: problem.expected,
         predicted,
@@ -401,6 +416,16 @@ mod tests {
 
         let again = run_eval(&config, &working, &NoProgress).await.unwrap();
         assert_eq!((again.resumed, again.generated), (20, 0));
+    }
+
+    #[tokio::test]
+    async fn results_of_another_dataset_are_refused() {
+        let (_dir, config) = setup(2);
+        let fake = Fake::new(usize::MAX);
+        run_eval(&config, &fake, &NoProgress).await.unwrap();
+        std::fs::write(&config.dataset, "{\"question\": \"What is 9 + 9?\", \"answer\": \"#### 18\"}\n").unwrap();
+        let err = run_eval(&config, &fake, &NoProgress).await.unwrap_err().to_string();
+        assert!(err.contains("another dataset"), "{err}");
     }
 
     #[tokio::test]
