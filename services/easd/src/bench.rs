@@ -100,9 +100,10 @@ fn bench_model(args: ModelBenchArgs) -> anyhow::Result<()> {
     );
     let stats = model.load_stats();
     println!(
-        "load: {load_s:.2} s incl. warm-up; re-quantized to Q8_0: {} tensors ({:.1} M weights); threads: {}",
+        "load: {load_s:.2} s incl. warm-up; re-quantized to Q8_0: {} tensors ({:.1} M weights); padded for the repacked kernels: {}; cpus: {}",
         stats.requantized_tensors,
         stats.requantized_elements as f64 / 1e6,
+        stats.padded_tensors,
         candle_threads()
     );
 

@@ -3,6 +3,7 @@
 
 mod ask;
 mod bench;
+mod eval;
 mod health;
 mod models;
 mod stack;
@@ -27,6 +28,12 @@ enum Command {
     Ask(ask::AskArgs),
     /// Check a server with the standard gRPC health protocol (exit 0 when serving).
     Health(health::HealthArgs),
+    /// Measure each model's token entropies on a calibration set; write τ recommendations.
+    Calibrate(eval::CalibrateArgs),
+    /// Run a GSM8K-format benchmark through the coordinator in several modes; write results and a report.
+    Eval(eval::EvalArgs),
+    /// Sweep EASD's τ percentile, ρ and N on a development slice.
+    Sweep(eval::SweepArgs),
     /// Fetch or list the default draft/target models.
     #[command(subcommand)]
     Models(models::ModelsCommand),
@@ -52,6 +59,9 @@ fn try_main() -> anyhow::Result<()> {
         Command::Up(args) => runtime()?.block_on(up::run(args)),
         Command::Ask(args) => runtime()?.block_on(ask::run(args)),
         Command::Health(args) => runtime()?.block_on(health::run(args)),
+        Command::Calibrate(args) => eval::calibrate(args),
+        Command::Eval(args) => runtime()?.block_on(eval::eval(args)),
+        Command::Sweep(args) => runtime()?.block_on(eval::sweep(args)),
         Command::Models(cmd) => models::run(cmd),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Bench(cmd) => bench::run(cmd),
