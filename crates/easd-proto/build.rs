@@ -6,13 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={file}");
     let descriptors = protox::compile([&file], [proto_root])?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("easd_descriptor.bin"),
-        prost::Message::encode_to_vec(&descriptors),
-    )?;
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .compile_fds(descriptors)?;
+    std::fs::write(out_dir.join("easd_descriptor.bin"), prost::Message::encode_to_vec(&descriptors))?;
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(descriptors)?;
     Ok(())
 }
