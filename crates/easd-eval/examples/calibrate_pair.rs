@@ -1,21 +1,23 @@
 //! Calibrates a real draft/target pair on the CPU and prints the result — a check of the harness on real models
 //! until `easd calibrate` exists.
 //!
-//! `cargo run -p easd-eval --example calibrate_pair -- DRAFT.gguf TARGET.gguf DATA.jsonl QUESTIONS OUT.json [greedy N]`
-//! With `greedy N`, also prints the target's greedy answers to the first N sampled questions with the extracted value.
+//! `cargo run -p easd-eval --example calibrate_pair -- DRAFT.gguf TARGET.gguf DATA.jsonl QUESTIONS OUT.json [target-greedy] [greedy N]`
+//! `target-greedy` calibrates on the target's own greedy answers instead of the reference solutions. With `greedy N`,
+//! also prints the target's greedy answers to the first N problems of the file with the extracted value.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use easd_eval::{
-    CalibrationConfig, EntropyScorer, ModelScorer, PromptTemplate, extract_answer, load_problems, run_calibration,
+    CalibrationConfig, CalibrationText, EntropyScorer, ModelScorer, PromptTemplate, extract_answer, load_problems,
+    run_calibration,
 };
 use easd_model::LoadOptions;
 
 fn main() -> Result<(), easd_eval::BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [draft, target, data, questions, out, rest @ ..] = args.as_slice() else {
-        return Err("usage: DRAFT.gguf TARGET.gguf DATA.jsonl QUESTIONS OUT.json [greedy N]".into());
+        return Err("usage: DRAFT.gguf TARGET.gguf DATA.jsonl QUESTIONS OUT.json [target-greedy] [greedy N]".into());
     };
     let started = Instant::now();
     let draft = ModelScorer::load(&PathBuf::from(draft), &LoadOptions::default())?;
@@ -23,6 +25,13 @@ fn main() -> Result<(), easd_eval::BoxError> {
     eprintln!("loaded in {:.1}s", started.elapsed().as_secs_f64());
     let mut config = CalibrationConfig::new(data);
     config.questions = questions.parse()?;
+    let rest = match rest {
+        [flag, rest @ ..] if flag == "target-greedy" => {
+            config.text = CalibrationText::TargetGreedy;
+            rest
+        }
+        _ => rest,
+    };
     let started = Instant::now();
     let file = run_calibration(&config, &draft, &target, &mut |d, t| eprintln!("{d}/{t} questions"))?;
     eprintln!("calibrated in {:.1}s", started.elapsed().as_secs_f64());

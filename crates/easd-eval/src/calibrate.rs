@@ -62,6 +62,18 @@ pub struct PairedEntropy {
     pub overlap: f32,
 }
 
+/// Which text the models are teacher-forced on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CalibrationText {
+    /// The dataset's reference solution (one forward per model; the target's greedy answer where a line has none).
+    Reference,
+    /// The target's own greedy answer (one extra generation per question): the text EASD actually sees, so its
+    /// percentiles match generation time. On the default pair, reference text gives roughly twice the entropy
+    /// percentiles of the target's own answers (see docs/EVAL.md).
+    TargetGreedy,
+}
+
 /// Settings of a calibration run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CalibrationConfig {
@@ -81,7 +93,8 @@ pub struct CalibrationConfig {
     /// Percentile the recommended thresholds are taken at.
     pub percentile: f64,
     pub prompt: PromptTemplate,
-    /// Token budget of a greedy answer for lines without a reference solution.
+    pub text: CalibrationText,
+    /// Token budget of a greedy answer.
     pub max_answer_tokens: usize,
 }
 
@@ -98,6 +111,7 @@ impl CalibrationConfig {
             rho: 0.6,
             percentile: 90.0,
             prompt: PromptTemplate::default(),
+            text: CalibrationText::Reference,
             max_answer_tokens: 1024,
         }
     }
@@ -243,7 +257,15 @@ impl CalibrationFile {
             .collect();
         let mut file = CalibrationFile {
             format: CALIBRATION_FORMAT.into(),
-            method: "teacher-forced: one forward per model over prompt + reference solution; entropies at solution positions".into(),
+            method: match config.text {
+                CalibrationText::Reference => {
+                    "teacher-forced on reference solutions (target's greedy answer where none): one forward per model, entropies at answer positions"
+                }
+                CalibrationText::TargetGreedy => {
+                    "teacher-forced on the target's greedy answers: one forward per model, entropies at answer positions"
+                }
+            }
+            .into(),
             dataset: config.dataset.display().to_string(),
             questions,
             temperature: config.temperature,
@@ -324,9 +346,9 @@ pub fn run_calibration(
         let problem = &problems[start + offset];
         let scoring = |source| Error::Scoring { question: problem.index, source };
         let messages = config.prompt.messages(&problem.question);
-        let answer = match &problem.answer {
-            Some(a) => solution_text(a),
-            None => target.greedy_answer(&messages, config.max_answer_tokens).map_err(scoring)?,
+        let answer = match (&problem.answer, config.text) {
+            (Some(a), CalibrationText::Reference) => solution_text(a),
+            _ => target.greedy_answer(&messages, config.max_answer_tokens).map_err(scoring)?,
         };
         let d = draft.score(&messages, &answer, config.temperature, top_n).map_err(scoring)?;
         let t = target.score(&messages, &answer, config.temperature, top_n).map_err(scoring)?;
@@ -429,6 +451,20 @@ mod tests {
         assert!(file.gate_rates.windows(2).all(|w| w[0].fires >= w[1].fires));
         assert!(file.gate_rates[0].fires > 0.3, "{:?}", file.gate_rates[0]);
         assert_eq!(file.questions, 3);
+    }
+
+    #[test]
+    fn target_greedy_text_scores_the_targets_own_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = CalibrationConfig::new(dataset(dir.path()));
+        config.text = CalibrationText::TargetGreedy;
+        let draft = FakeScorer { scale: 1.0, shared_top: 3, greedy: "unused" };
+        let target = FakeScorer { scale: 0.5, shared_top: 3, greedy: "0123456789" };
+        let file = run_calibration(&config, &draft, &target, &mut |_, _| {}).unwrap();
+        // Three questions, ten positions each, entropies 0..9 for the draft.
+        assert_eq!(file.draft.count, 30);
+        assert_eq!(file.draft.percentiles["p50"], 4.5);
+        assert!(file.method.contains("greedy answers"));
     }
 
     #[test]

@@ -30,8 +30,8 @@ pub mod stats;
 mod sweep;
 
 pub use calibrate::{
-    CALIBRATION_FORMAT, CalibrationConfig, CalibrationFile, EntropyScorer, GateRate, ModelEntropy, PERCENTILES,
-    PairedEntropy, Recommendation, ScoredPosition, run_calibration,
+    CALIBRATION_FORMAT, CalibrationConfig, CalibrationFile, CalibrationText, EntropyScorer, GateRate, ModelEntropy,
+    PERCENTILES, PairedEntropy, Recommendation, ScoredPosition, run_calibration,
 };
 pub use dataset::{Problem, load_problems, sample_indices, slice, solution_text};
 pub use error::{BoxError, Error, Result};
