@@ -170,7 +170,14 @@ async fn generate(
     // Chosen here rather than by the coordinator so that the seed reported back (to reproduce the answer) is a
     // JSON number every client reads exactly: at most 2^53 - 1.
     generate.seed = generate.seed.or_else(|| Some(rand::random::<u64>() >> 11));
-    let mut plan = state.coordinator.plan(generate).map_err(|e| Error::server(e, endpoint))?;
+    let mut plan = state.coordinator.plan(generate).map_err(|e| match e {
+        // Chat without a limit is planned with one token: "max_tokens" would name a field the client never sent.
+        ServerError::InvalidArgument { field: "max_tokens", .. } if !parsed.max_tokens_set => Error::invalid(
+            "messages",
+            format!("the conversation does not fit the context window of {} tokens", state.context_length),
+        ),
+        other => Error::server(other, endpoint),
+    })?;
     if !parsed.max_tokens_set && endpoint == Endpoint::Chat {
         // OpenAI chat without a limit: until a stop, or the context window is full.
         plan.max_tokens = state.context_length.saturating_sub(plan.prompt_tokens.len()).max(1);

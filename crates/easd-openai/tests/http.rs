@@ -213,6 +213,16 @@ async fn invalid_requests_get_openai_error_objects_with_the_right_status() {
     assert_eq!((status, param.as_str()), (StatusCode::BAD_REQUEST, "easd.k"));
     let (status, param, _) = error_of(post_json(server.chat(json!({"messages": []}))).await);
     assert_eq!((status, param.as_str()), (StatusCode::BAD_REQUEST, "messages"));
+    // The tiny models' context window is 512 tokens; 2,000 characters of digits and spaces need more.
+    let long: String = (0..400).map(|i| format!("{i} ")).collect();
+    let too_long = server.chat(json!({"messages": [{"role": "user", "content": long}]}));
+    let mut unlimited = too_long.clone();
+    unlimited.as_object_mut().unwrap().remove("max_tokens");
+    let (status, param, message) = error_of(post_json(unlimited).await);
+    assert_eq!((status, param.as_str()), (StatusCode::BAD_REQUEST, "messages"), "{message}");
+    assert!(message.contains("context window of 512 tokens"), "{message}");
+    let (status, param, _) = error_of(post_json(too_long).await);
+    assert_eq!((status, param.as_str()), (StatusCode::BAD_REQUEST, "max_tokens"));
     let (status, param, _) = error_of(post_json(server.chat(json!({"model": "gpt-4"}))).await);
     assert_eq!((status, param.as_str()), (StatusCode::NOT_FOUND, "model"));
     let (status, _, message) = error_of(call(addr, "POST", "/v1/chat/completions", token, b"{".to_vec()).await);
