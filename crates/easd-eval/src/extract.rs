@@ -229,6 +229,15 @@ mod tests {
         ("He pays .5 dollars per pen", Some(0.5), AnswerSource::LastNumber),
     ];
 
+    /// Qwen2.5-Coder-1.5B-Instruct (Q4_K_M), greedy, default prompt, on GSM8K train problem 0 (reference 72).
+    const REAL_TARGET_PROBLEM_0: &str = "To solve this problem, we need to follow these steps:\n\n1. Determine how many clips Natalia sold in May.\n2. Add the number of clips sold in April to the number of clips sold in May to get the total.\n\nFirst, we know that Natalia sold 48 clips in April. In May, she sold half as many clips as she did in April. Therefore, we calculate the number of clips sold in May as follows:\n\\[\n\\text{Clips sold in May} = \\frac{48}{2} = 24\n\\]\n\nNext, we add the number of clips sold in April to the number of clips sold in May to find the total number of clips sold:\n\\[\n\\text{Total clips sold} = 48 + 24 = 72\n\\]\n\nThe answer is \\(\\boxed{72}\\).";
+
+    #[test]
+    fn real_model_outputs_are_read() {
+        let got = extract_answer(REAL_TARGET_PROBLEM_0).unwrap();
+        assert_eq!((got.value, got.source), (72.0, AnswerSource::Boxed));
+    }
+
     #[test]
     fn the_extractor_reads_every_answer_in_the_table() {
         for (output, expected, source) in TABLE {
