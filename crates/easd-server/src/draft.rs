@@ -52,12 +52,15 @@ impl Draft for DraftService {
         let (tx, rx) = mpsc::channel(MAX_BLOCK_SIZE);
         let worker = self.worker.clone();
         let session_id = req.session_id.clone();
+        // The blocking thread does not inherit the request's span: carry it in, so forwards join the trace.
+        let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || {
+            let _entered = span.enter();
             let result = (|| -> Result<(), ServerError> {
                 let mut s = session.lock().expect("session poisoned");
                 s.rollback_to(start)?;
                 let mut started = Instant::now();
-                let logits = worker.model.forward(&mut s.cache, &req.new_tokens, start)?;
+                let logits = worker.forward(&mut s.cache, &req.new_tokens, start)?;
                 s.tokens.extend(&req.new_tokens);
                 let mut row = logits.row(logits.rows() - 1).to_vec();
                 for i in 0..count {
@@ -71,14 +74,14 @@ impl Draft for DraftService {
                     if i + 1 < count {
                         started = Instant::now();
                         let pos = s.tokens.len();
-                        let logits = worker.model.forward(&mut s.cache, &[token.token], pos)?;
+                        let logits = worker.forward(&mut s.cache, &[token.token], pos)?;
                         s.tokens.push(token.token);
                         row.copy_from_slice(logits.row(0));
                     }
                 }
                 let bytes = s.cache.bytes();
                 drop(s);
-                worker.sessions.checkin(&session_id, bytes);
+                worker.checkin(&session_id, bytes);
                 Ok(())
             })();
             if let Err(e) = result {

@@ -28,11 +28,21 @@ pub struct ServerOptions {
 
 impl ServerOptions {
     fn builder(&self) -> Result<Server, tonic::transport::Error> {
-        let builder = Server::builder();
+        let builder = Server::builder().trace_fn(request_span);
         match &self.tls {
             Some(tls) => builder.tls_config(tls.clone()),
             None => Ok(builder),
         }
+    }
+}
+
+/// A server span per request continuing the caller's trace (W3C `traceparent` in the metadata). Health checks,
+/// which the coordinator and orchestrators send every few seconds, stay untraced.
+fn request_span(request: &tonic::codegen::http::Request<()>) -> tracing::Span {
+    if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+        tracing::Span::none()
+    } else {
+        easd_telemetry::server_span(request)
     }
 }
 

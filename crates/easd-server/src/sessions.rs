@@ -21,6 +21,7 @@ pub struct WorkerSession {
 impl WorkerSession {
     /// Rolls back to the claimed prefix (already checked) and returns the position the next forward starts at.
     pub fn rollback_to(&mut self, len: usize) -> Result<usize, ServerError> {
+        let _span = tracing::info_span!("cache.rollback", to = len, held = self.tokens.len()).entered();
         self.tokens.truncate(len);
         if self.cache.len() > len {
             self.cache.truncate(len)?;
@@ -98,8 +99,9 @@ impl SessionTable {
         Ok(session)
     }
 
-    /// Records the session's new size after a request and evicts least-recently-used idle sessions over budget.
-    pub fn checkin(&self, id: &str, bytes: usize) {
+    /// Records the session's new size after a request and evicts least-recently-used idle sessions over budget;
+    /// returns how many were evicted.
+    pub fn checkin(&self, id: &str, bytes: usize) -> u64 {
         let mut entries = self.entries.lock().expect("session table poisoned");
         if let Some(entry) = entries.get_mut(id) {
             entry.bytes = bytes;
@@ -123,6 +125,7 @@ impl SessionTable {
         }
         drop(entries);
         *self.evictions.lock().expect("poisoned") += evicted;
+        evicted
     }
 
     pub fn release(&self, id: &str) -> bool {

@@ -74,13 +74,16 @@ impl Verifier for VerifierService {
 
         let worker = self.worker.clone();
         let session_id = req.session_id.clone();
+        // The blocking thread does not inherit the request's span: carry it in, so the forward joins the trace.
+        let span = tracing::Span::current();
         let response = blocking(move || {
+            let _entered = span.enter();
             let mut s = session.lock().expect("session poisoned");
             s.rollback_to(start)?;
             let mut feed = req.new_tokens.clone();
             feed.extend(block.iter().map(|(t, _)| *t));
             let started = Instant::now();
-            let logits = worker.model.forward(&mut s.cache, &feed, start)?;
+            let logits = worker.forward(&mut s.cache, &feed, start)?;
             let forward_seconds = started.elapsed().as_secs_f32();
             s.tokens.extend(&feed);
             // Row n-1 predicts the first block position; the last row is the bonus position.
@@ -102,7 +105,7 @@ impl Verifier for VerifierService {
                 .collect();
             let bytes = s.cache.bytes();
             drop(s);
-            worker.sessions.checkin(&session_id, bytes);
+            worker.checkin(&session_id, bytes);
             Ok(pb::VerifyResponse { positions, forward_seconds })
         })
         .await?;

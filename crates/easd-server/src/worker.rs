@@ -1,10 +1,12 @@
-//! What the draft and verifier workers share: the loaded model, the session table, prefix-claim handling.
+//! What the draft and verifier workers share: the loaded model, the session table, prefix-claim handling, and the
+//! worker's metrics (forward latency, KV cache use), which are always kept and served only when asked.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use easd_model::Model;
+use easd_model::{KvCache, Logits, Model};
 use easd_proto::v1 as pb;
+use easd_telemetry::WorkerMetrics;
 
 use crate::error::ServerError;
 use crate::sessions::{SessionLimits, SessionTable, SharedSession};
@@ -14,11 +16,38 @@ pub struct Worker {
     pub model: Arc<Model>,
     pub sessions: SessionTable,
     pub role: &'static str,
+    metrics: WorkerMetrics,
 }
 
 impl Worker {
     pub fn new(model: Arc<Model>, limits: SessionLimits, role: &'static str) -> Arc<Self> {
-        Arc::new(Self { model, sessions: SessionTable::new(limits), role })
+        Arc::new(Self { model, sessions: SessionTable::new(limits), role, metrics: WorkerMetrics::new(role) })
+    }
+
+    /// The worker's metrics (serve `metrics().registry()` to expose them).
+    pub fn metrics(&self) -> &WorkerMetrics {
+        &self.metrics
+    }
+
+    /// One forward pass over `tokens` from position `pos`: traced (`forward`) and timed by batch length.
+    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], pos: usize) -> Result<Logits, ServerError> {
+        let _span = tracing::info_span!("forward", batch_len = tokens.len(), pos).entered();
+        let started = Instant::now();
+        let logits = self.model.forward(cache, tokens, pos)?;
+        self.metrics.observe_forward_seconds(tokens.len(), started.elapsed().as_secs_f64());
+        Ok(logits)
+    }
+
+    /// Records a session's cache size after a request (evicting over budget) and updates the cache metrics.
+    pub fn checkin(&self, session_id: &str, bytes: usize) {
+        let evicted = self.sessions.checkin(session_id, bytes);
+        self.metrics.inc_evictions(evicted);
+        self.report_cache();
+    }
+
+    fn report_cache(&self) {
+        let stats = self.sessions.stats();
+        self.metrics.set_kv_cache(stats.bytes as u64, stats.sessions);
     }
 
     pub fn info(&self) -> pb::ModelInfo {
@@ -77,7 +106,9 @@ impl Worker {
     }
 
     pub fn release(&self, req: &pb::ReleaseRequest) -> pb::ReleaseResponse {
-        pb::ReleaseResponse { released: self.sessions.release(&req.session_id) }
+        let released = self.sessions.release(&req.session_id);
+        self.report_cache();
+        pb::ReleaseResponse { released }
     }
 
     /// Background sweep of idle sessions; ends when the worker is dropped.
@@ -93,6 +124,8 @@ impl Worker {
                 let removed = worker.sessions.sweep_idle();
                 if removed > 0 {
                     tracing::info!(removed, role = worker.role, "dropped idle sessions");
+                    worker.metrics.inc_evictions(removed as u64);
+                    worker.report_cache();
                 }
             }
         });

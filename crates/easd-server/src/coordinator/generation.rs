@@ -2,6 +2,10 @@
 //!
 //! The coordinator holds the committed tokens (the source of truth). Each worker call carries a prefix claim
 //! computed from them, so a worker that lost or diverged from the session is detected and re-fed the full context.
+//!
+//! Observability stays at the edges of the loop: each step runs in a `step` span (accepted, triggers), each worker
+//! call in a client span (`draft.propose`, `verify`) whose context travels in the request's metadata, and the
+//! metrics are fed from the same counters as the summary (`record_block`, `send_delta`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,11 +13,14 @@ use std::time::Instant;
 use easd_core::{DraftToken, Mode, TargetPosition, verify_block};
 use easd_model::{IncrementalDecoder, Tokenizer};
 use easd_proto::v1 as pb;
+use easd_telemetry::CoordinatorMetrics;
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::output::StopFilter;
-use super::pool::{Lease, Pool, call_error, is_transport_failure};
+use super::pool::{Lease, Pool, Replica, call_error, is_transport_failure};
 use super::request::Plan;
 use crate::convert::{draft_token_from_pb, penalty_to_alpha, sampling_to_pb, sparse_to_pb, target_position_from_pb};
 use crate::error::ServerError;
@@ -63,6 +70,7 @@ pub struct Generation {
     mode_name: &'static str,
     stats: Stats,
     started: Instant,
+    metrics: CoordinatorMetrics,
 }
 
 impl Generation {
@@ -73,6 +81,7 @@ impl Generation {
         verifiers: Arc<Pool>,
         tokenizer: Arc<Tokenizer>,
         verifier: Option<Lease>,
+        metrics: CoordinatorMetrics,
     ) -> Self {
         let committed = HashedTokens::from_tokens(&plan.prompt_tokens);
         let mode_name = plan.mode.name();
@@ -93,6 +102,7 @@ impl Generation {
             mode_name,
             stats: Stats::default(),
             started: Instant::now(),
+            metrics,
         }
     }
 
@@ -109,7 +119,7 @@ impl Generation {
         let result: Result<&str, ServerError> = async {
             loop {
                 let room = self.plan.max_tokens - self.generated();
-                let emitted = self.step(room).await?;
+                let emitted = self.traced_step(room).await?;
                 let mut delta = pb::TextDelta::default();
                 let mut finish = None;
                 let mut stopped_by_string = false;
@@ -161,10 +171,24 @@ impl Generation {
             return Ok(());
         }
         if self.stats.first_token_s.is_none() {
-            self.stats.first_token_s = Some(self.started.elapsed().as_secs_f64());
+            let ttft_s = self.started.elapsed().as_secs_f64();
+            self.stats.first_token_s = Some(ttft_s);
+            self.metrics.observe_ttft_seconds(self.mode_name, ttft_s);
         }
+        let tokens = delta.token_ids.len() as u64;
         let event = pb::GenerateEvent { event: Some(pb::generate_event::Event::Delta(delta)) };
-        tx.send(Ok(event)).await.map_err(|_| ServerError::Unavailable("the client went away".into()))
+        tx.send(Ok(event)).await.map_err(|_| ServerError::Unavailable("the client went away".into()))?;
+        self.metrics.add_generated_tokens(self.mode_name, tokens);
+        Ok(())
+    }
+
+    /// [`Self::step`] inside a `step` span (accepted and triggers are recorded once the block is decided), timed.
+    async fn traced_step(&mut self, room: usize) -> Result<Vec<Emitted>, ServerError> {
+        let span = tracing::info_span!("step", position = self.committed.len(), accepted = Empty, triggers = Empty);
+        let started = Instant::now();
+        let emitted = self.step(room).instrument(span).await?;
+        self.metrics.observe_step_seconds(self.mode_name, started.elapsed().as_secs_f64());
+        Ok(emitted)
     }
 
     /// One step of the loop for the request's mode; returns the tokens to commit, in order.
@@ -207,7 +231,7 @@ impl Generation {
                     &drafted,
                     &positions,
                 );
-                self.record_block(&drafted, &positions, &outcome, first_position);
+                self.record_block(&drafted, &outcome, first_position);
                 let base = self.committed.len();
                 self.draft_synced = base + outcome.accepted.min(drafted.len() - 1);
                 self.verifier_synced = base + outcome.accepted;
@@ -222,13 +246,18 @@ impl Generation {
         }
     }
 
-    fn record_block(
-        &mut self,
-        drafted: &[DraftToken],
-        positions: &[TargetPosition],
-        outcome: &easd_core::BlockOutcome,
-        first_position: u64,
-    ) {
+    /// Counts a decided block into the summary's stats, the step span and the metrics.
+    fn record_block(&mut self, drafted: &[DraftToken], outcome: &easd_core::BlockOutcome, first_position: u64) {
+        let triggers = u64::from(outcome.easd_triggered());
+        let span = tracing::Span::current();
+        span.record("accepted", outcome.accepted);
+        span.record("triggers", triggers);
+        self.metrics.observe_block(self.mode_name, drafted.len() as u64, outcome.accepted as u64, triggers);
+        // Positions 1..=accepted passed; the one after them was evaluated and rejected, if any was.
+        let evaluated = outcome.accepted + usize::from(outcome.rejection.is_some());
+        for position in 1..=evaluated {
+            self.metrics.observe_acceptance_position(position, position <= outcome.accepted);
+        }
         self.stats.blocks += 1;
         self.stats.drafted += drafted.len() as u32;
         self.stats.accepted += outcome.accepted as u32;
@@ -242,7 +271,6 @@ impl Generation {
                 overlap,
             });
         }
-        let _ = positions;
     }
 
     /// Claim for a worker that holds `synced` committed tokens: always resend at least the last token.
@@ -273,7 +301,7 @@ impl Generation {
             }
             let replica = self.draft.as_ref().expect("leased above").replica.clone();
             let result = match pool.ensure_checked(&replica).await {
-                Ok(()) => self.propose_on(&replica.draft(), count).await.map_err(|s| call_error(&replica.url, s)),
+                Ok(()) => self.propose_on(&replica, count).await.map_err(|s| call_error(&replica.url, s)),
                 Err(e) => Err(e),
             };
             match result {
@@ -291,9 +319,11 @@ impl Generation {
                 Err(ServerError::Worker(s)) if session_lost(&s) && attempt <= pool.config.backoff.max_attempts => {
                     tracing::info!(session = %self.session_id, status = %s.message(), "draft lost the session; resending the full context");
                     self.draft_synced = 0;
+                    self.metrics.inc_retry("draft");
                 }
                 Err(e) if is_transport_failure(&e) || matches!(e, ServerError::Incompatible(_)) => {
                     tracing::warn!(session = %self.session_id, error = %e, "draft replica failed");
+                    self.metrics.inc_retry("draft");
                     replica.mark_failed();
                     failed.push(replica.url.clone());
                     self.draft = None;
@@ -303,11 +333,13 @@ impl Generation {
         }
     }
 
-    async fn propose_on(
-        &self,
-        client: &easd_proto::v1::draft_client::DraftClient<tonic::transport::Channel>,
-        count: usize,
-    ) -> Result<(Vec<pb::DraftToken>, f64), Status> {
+    /// One `Propose` call in a `draft.propose` client span, whose context the draft continues.
+    async fn propose_on(&self, replica: &Replica, count: usize) -> Result<(Vec<pb::DraftToken>, f64), Status> {
+        let span = tracing::info_span!("draft.propose", otel.kind = "client", replica = %replica.url, count);
+        self.propose_call(replica, count).instrument(span).await
+    }
+
+    async fn propose_call(&self, replica: &Replica, count: usize) -> Result<(Vec<pb::DraftToken>, f64), Status> {
         let (claim, new_tokens, full_context) = self.claim(self.draft_synced);
         let mut req = tonic::Request::new(pb::ProposeRequest {
             session_id: self.session_id.clone(),
@@ -320,7 +352,8 @@ impl Generation {
             top_n: self.plan.easd.top_n as u32,
         });
         req.set_timeout(self.drafts.config.call_timeout);
-        let mut stream = client.clone().propose(req).await?.into_inner();
+        easd_telemetry::inject_context(&mut req);
+        let mut stream = replica.draft().propose(req).await?.into_inner();
         let mut tokens = Vec::with_capacity(count);
         let mut seconds = 0.0;
         while let Some(t) = stream.message().await? {
@@ -337,6 +370,9 @@ impl Generation {
         let backoff = pool.config.backoff;
         let mut last_error = None;
         for attempt in 1..=backoff.max_attempts {
+            if attempt > 1 {
+                self.metrics.inc_retry("verifier");
+            }
             if self.verifier.is_none() {
                 let failed_url = last_error.as_ref().map(|(url, _): &(String, ServerError)| url.clone());
                 let exclude: Vec<String> = failed_url.into_iter().collect();
@@ -348,6 +384,7 @@ impl Generation {
                         }
                         if last_error.is_some() {
                             self.stats.failovers += 1;
+                            self.metrics.inc_failover();
                             tracing::warn!(session = %self.session_id, to = %lease.replica.url, "failing over");
                         }
                         self.verifier = Some(lease);
@@ -362,7 +399,7 @@ impl Generation {
             }
             let replica = self.verifier.as_ref().expect("leased above").replica.clone();
             let result = match pool.ensure_checked(&replica).await {
-                Ok(()) => self.verify_on(&replica.verifier(), block).await.map_err(|s| call_error(&replica.url, s)),
+                Ok(()) => self.verify_on(&replica, block).await.map_err(|s| call_error(&replica.url, s)),
                 Err(e) => Err(e),
             };
             match result {
@@ -399,11 +436,13 @@ impl Generation {
         )))
     }
 
-    async fn verify_on(
-        &self,
-        client: &easd_proto::v1::verifier_client::VerifierClient<tonic::transport::Channel>,
-        block: &[DraftToken],
-    ) -> Result<pb::VerifyResponse, Status> {
+    /// One `Verify` call in a `verify` client span, whose context the verifier continues.
+    async fn verify_on(&self, replica: &Replica, block: &[DraftToken]) -> Result<pb::VerifyResponse, Status> {
+        let span = tracing::info_span!("verify", otel.kind = "client", replica = %replica.url, block_len = block.len());
+        self.verify_call(replica, block).instrument(span).await
+    }
+
+    async fn verify_call(&self, replica: &Replica, block: &[DraftToken]) -> Result<pb::VerifyResponse, Status> {
         let (claim, new_tokens, full_context) = self.claim(self.verifier_synced);
         let mut req = tonic::Request::new(pb::VerifyRequest {
             session_id: self.session_id.clone(),
@@ -420,7 +459,8 @@ impl Generation {
             logprobs: self.plan.logprobs as u32,
         });
         req.set_timeout(self.verifiers.config.call_timeout);
-        Ok(client.clone().verify(req).await?.into_inner())
+        easd_telemetry::inject_context(&mut req);
+        Ok(replica.verifier().verify(req).await?.into_inner())
     }
 
     fn token_info(&self, e: &Emitted) -> pb::TokenInfo {

@@ -1,5 +1,8 @@
 //! The coordinator: the service clients call. It validates requests, pins each session to a verifier replica,
 //! runs the speculative loop and streams text with a final summary.
+//!
+//! Every session is one `session` span (a child of the caller's trace) and ends in one `requests` count; the
+//! metrics are always kept and served only when the binary is asked to (`Coordinator::metrics`).
 
 mod generation;
 pub mod output;
@@ -11,9 +14,10 @@ pub mod retry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use easd_core::EasdParams;
+use easd_core::{EasdParams, validate_block_size};
 use easd_model::Tokenizer;
 use easd_proto::v1::{self as pb, coordinator_server};
+use easd_telemetry::CoordinatorMetrics;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -23,7 +27,8 @@ use crate::error::ServerError;
 pub use generation::EventSender;
 use generation::Generation;
 use pool::{Pool, PoolConfig, Role};
-use request::{Plan, PlanContext, easd_params_to_pb, plan};
+pub use request::DefaultMode;
+use request::{DEFAULT_BLOCK_SIZE, Plan, PlanContext, easd_params_to_pb, plan, requested_mode_name};
 
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -35,6 +40,9 @@ pub struct CoordinatorConfig {
     pub verifier_dns: Option<String>,
     /// Default EASD parameters (DESIGN §2.2; a calibration file replaces the thresholds).
     pub default_easd: EasdParams,
+    /// Mode and block size of requests that leave them unset.
+    pub default_mode: DefaultMode,
+    pub default_k: usize,
     pub pool: PoolConfig,
     /// How long start-up waits for the workers to answer `Info`.
     pub startup_timeout: Duration,
@@ -47,6 +55,8 @@ impl CoordinatorConfig {
             verifier_urls,
             verifier_dns: None,
             default_easd: EasdParams::default(),
+            default_mode: DefaultMode::default(),
+            default_k: DEFAULT_BLOCK_SIZE,
             pool: PoolConfig::default(),
             startup_timeout: Duration::from_secs(60),
         }
@@ -59,8 +69,11 @@ pub struct Coordinator {
     tokenizer: Arc<Tokenizer>,
     context_length: usize,
     default_easd: EasdParams,
+    default_mode: DefaultMode,
+    default_k: usize,
     draft_info: pb::ModelInfo,
     verifier_infos: Vec<pb::ModelInfo>,
+    metrics: CoordinatorMetrics,
 }
 
 impl Coordinator {
@@ -70,13 +83,20 @@ impl Coordinator {
         if config.draft_urls.is_empty() {
             return Err(ServerError::invalid("draft", "at least one draft URL is required"));
         }
-        let drafts = Pool::new(Role::Draft, &config.draft_urls, &fingerprint, config.pool.clone())?;
+        validate_block_size(config.default_k).map_err(|e| ServerError::invalid("default_k", e.reason))?;
+        config
+            .default_easd
+            .validate()
+            .map_err(|e| ServerError::invalid("default_easd", format!("{}: {}", e.field, e.reason)))?;
+        let metrics = CoordinatorMetrics::new();
+        let drafts = Pool::new(Role::Draft, &config.draft_urls, &fingerprint, config.pool.clone(), None)?;
+        let live = Some(metrics.clone());
         let verifiers = match &config.verifier_dns {
-            Some(name) => Pool::from_dns(Role::Verifier, name, &fingerprint, config.pool.clone()).await?,
+            Some(name) => Pool::from_dns(Role::Verifier, name, &fingerprint, config.pool.clone(), live).await?,
             None if config.verifier_urls.is_empty() => {
                 return Err(ServerError::invalid("verifier", "at least one verifier URL (or a DNS name) is required"));
             }
-            None => Pool::new(Role::Verifier, &config.verifier_urls, &fingerprint, config.pool.clone())?,
+            None => Pool::new(Role::Verifier, &config.verifier_urls, &fingerprint, config.pool.clone(), live)?,
         };
         let draft_infos = drafts.connect(config.startup_timeout).await?;
         let verifier_infos = verifiers.connect(config.startup_timeout).await?;
@@ -96,8 +116,11 @@ impl Coordinator {
             tokenizer,
             context_length,
             default_easd: config.default_easd,
+            default_mode: config.default_mode,
+            default_k: config.default_k,
             draft_info: draft_infos[0].clone(),
             verifier_infos,
+            metrics,
         }))
     }
 
@@ -112,6 +135,11 @@ impl Coordinator {
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
+    }
+
+    /// The coordinator's metrics (serve `metrics().registry()` to expose them).
+    pub fn metrics(&self) -> &CoordinatorMetrics {
+        &self.metrics
     }
 
     pub fn info(&self) -> pb::CoordinatorInfo {
@@ -133,33 +161,27 @@ impl Coordinator {
         }
     }
 
-    /// Validates a request (all errors before any work).
+    /// Validates a request (all errors before any work); a refused request is counted as finished.
     pub fn plan(&self, req: pb::GenerateRequest) -> Result<Plan, ServerError> {
         let ctx = PlanContext {
             tokenizer: &self.tokenizer,
             context_length: self.context_length,
             default_easd: &self.default_easd,
+            default_mode: self.default_mode,
+            default_k: self.default_k,
         };
-        plan(req, &ctx)
+        let mode = requested_mode_name(req.mode, self.default_mode);
+        plan(req, &ctx).inspect_err(|e| self.metrics.record_request(mode, code_name(e.code())))
     }
 
     /// Runs a validated plan, streaming deltas into `tx` and ending with the summary event.
     /// Returns the summary (or the error, which is also sent as the stream's final status).
     pub async fn generate(&self, plan: Plan, tx: EventSender) -> Result<pb::Summary, ServerError> {
-        let span = tracing::info_span!("session", id = %plan.request_id, mode = plan.mode.name(), k = plan.k);
-        let admitted = match plan.mode {
-            easd_core::Mode::Draft => Ok(None),
-            _ => self.verifiers.admit().await.map(Some),
-        };
-        let result = match admitted {
-            Ok(lease) => {
-                Generation::new(plan, self.drafts.clone(), self.verifiers.clone(), self.tokenizer.clone(), lease)
-                    .run(&tx)
-                    .instrument(span)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
+        let mode = plan.mode.name();
+        let span = tracing::info_span!("session", session_id = %plan.request_id, mode, k = plan.k);
+        let result = self.run_session(plan, &tx).instrument(span).await;
+        let status = result.as_ref().map_or_else(|e| code_name(e.code()), |_| "ok");
+        self.metrics.record_request(mode, status);
         match result {
             Ok(summary) => {
                 let event = pb::GenerateEvent { event: Some(pb::generate_event::Event::Summary(summary.clone())) };
@@ -173,6 +195,40 @@ impl Coordinator {
                 Err(e)
             }
         }
+    }
+
+    /// Admission (a verifier slot; none in draft mode), then the loop.
+    async fn run_session(&self, plan: Plan, tx: &EventSender) -> Result<pb::Summary, ServerError> {
+        let lease = match plan.mode {
+            easd_core::Mode::Draft => None,
+            _ => Some(self.verifiers.admit().await?),
+        };
+        let (drafts, verifiers, tokenizer) = (self.drafts.clone(), self.verifiers.clone(), self.tokenizer.clone());
+        Generation::new(plan, drafts, verifiers, tokenizer, lease, self.metrics.clone()).run(tx).await
+    }
+}
+
+/// The gRPC status code's name as a metric label (`ok` is the success label).
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "ok",
+        Code::Cancelled => "cancelled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
     }
 }
 
@@ -199,9 +255,13 @@ impl coordinator_server::Coordinator for CoordinatorService {
         let plan = self.coordinator.plan(request.into_inner())?;
         let (tx, rx) = mpsc::channel(64);
         let coordinator = self.coordinator.clone();
-        tokio::spawn(async move {
-            let _ = coordinator.generate(plan, tx).await;
-        });
+        // The session continues the request's server span (and so the caller's trace).
+        tokio::spawn(
+            async move {
+                let _ = coordinator.generate(plan, tx).await;
+            }
+            .in_current_span(),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use easd_proto::v1::{self as pb, draft_client::DraftClient, verifier_client::VerifierClient};
+use easd_telemetry::CoordinatorMetrics;
 use tokio::sync::Notify;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
@@ -104,6 +105,10 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.replica.live_sessions.fetch_sub(1, Ordering::Relaxed);
         if let Some(pool) = self.pool.upgrade() {
+            // A replica that left (DNS) no longer reports.
+            if pool.replicas().iter().any(|r| Arc::ptr_eq(r, &self.replica)) {
+                pool.report_live_sessions(&self.replica);
+            }
             pool.capacity_freed.notify_waiters();
         }
     }
@@ -117,6 +122,8 @@ pub struct Pool {
     pub config: PoolConfig,
     capacity_freed: Notify,
     queued: AtomicUsize,
+    /// Where live sessions per replica are reported (the verifier pool's gauge).
+    metrics: Option<CoordinatorMetrics>,
 }
 
 fn normalise(url: &str) -> String {
@@ -124,9 +131,15 @@ fn normalise(url: &str) -> String {
 }
 
 impl Pool {
-    /// A pool over a static list of URLs.
-    pub fn new(role: Role, urls: &[String], fingerprint: &str, config: PoolConfig) -> Result<Arc<Self>, ServerError> {
-        let pool = Self::empty(role, None, fingerprint, config);
+    /// A pool over a static list of URLs; `metrics` receives its replicas' live sessions.
+    pub fn new(
+        role: Role,
+        urls: &[String],
+        fingerprint: &str,
+        config: PoolConfig,
+        metrics: Option<CoordinatorMetrics>,
+    ) -> Result<Arc<Self>, ServerError> {
+        let pool = Self::empty(role, None, fingerprint, config, metrics);
         for url in urls {
             pool.add(url)?;
         }
@@ -140,13 +153,20 @@ impl Pool {
         name: &str,
         fingerprint: &str,
         config: PoolConfig,
+        metrics: Option<CoordinatorMetrics>,
     ) -> Result<Arc<Self>, ServerError> {
-        let pool = Arc::new(Self::empty(role, Some(name.to_owned()), fingerprint, config));
+        let pool = Arc::new(Self::empty(role, Some(name.to_owned()), fingerprint, config, metrics));
         pool.refresh_dns().await?;
         Ok(pool)
     }
 
-    fn empty(role: Role, dns_name: Option<String>, fingerprint: &str, config: PoolConfig) -> Self {
+    fn empty(
+        role: Role,
+        dns_name: Option<String>,
+        fingerprint: &str,
+        config: PoolConfig,
+        metrics: Option<CoordinatorMetrics>,
+    ) -> Self {
         Self {
             role,
             replicas: RwLock::new(Vec::new()),
@@ -155,6 +175,7 @@ impl Pool {
             config,
             capacity_freed: Notify::new(),
             queued: AtomicUsize::new(0),
+            metrics,
         }
     }
 
@@ -177,8 +198,15 @@ impl Pool {
             healthy: AtomicBool::new(false),
             needs_check: AtomicBool::new(true),
         });
+        self.report_live_sessions(&replica);
         self.replicas.write().expect("pool poisoned").push(replica);
         Ok(())
+    }
+
+    fn report_live_sessions(&self, replica: &Replica) {
+        if let Some(metrics) = &self.metrics {
+            metrics.set_live_sessions(&replica.url, replica.live_sessions());
+        }
     }
 
     async fn refresh_dns(&self) -> Result<(), ServerError> {
@@ -194,7 +222,13 @@ impl Pool {
             self.add(a)?;
         }
         // Sessions pinned to a vanished replica keep their Arc and fail over on their next error.
-        self.replicas.write().expect("pool poisoned").retain(|r| addrs.contains(&r.url));
+        self.replicas.write().expect("pool poisoned").retain(|r| {
+            let keep = addrs.contains(&r.url);
+            if let (false, Some(metrics)) = (keep, &self.metrics) {
+                metrics.remove_replica(&r.url);
+            }
+            keep
+        });
         Ok(())
     }
 
@@ -276,6 +310,7 @@ impl Pool {
         let i = power_of_two(&candidates, rand::random(), rand::random())?;
         let replica = replicas[i].clone();
         replica.live_sessions.fetch_add(1, Ordering::Relaxed);
+        self.report_live_sessions(&replica);
         Some(Lease { replica, pool: Arc::downgrade(self) })
     }
 

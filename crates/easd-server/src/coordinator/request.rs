@@ -28,11 +28,69 @@ pub struct Plan {
     pub logprobs: usize,
 }
 
-/// Limits the coordinator knows from its workers.
+/// The mode a request gets when it names none (`EASD_MODE`); `easd` uses the default EASD parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DefaultMode {
+    #[default]
+    Sd,
+    Easd,
+    Target,
+    Draft,
+}
+
+impl DefaultMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sd => "sd",
+            Self::Easd => "easd",
+            Self::Target => "target",
+            Self::Draft => "draft",
+        }
+    }
+
+    fn to_mode(self, easd: &EasdParams) -> Mode {
+        match self {
+            Self::Sd => Mode::Sd,
+            Self::Easd => Mode::Easd(easd.clone()),
+            Self::Target => Mode::Target,
+            Self::Draft => Mode::Draft,
+        }
+    }
+}
+
+impl std::str::FromStr for DefaultMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sd" => Ok(Self::Sd),
+            "easd" => Ok(Self::Easd),
+            "target" => Ok(Self::Target),
+            "draft" => Ok(Self::Draft),
+            other => Err(format!("unknown mode {other:?}: expected sd, easd, target or draft")),
+        }
+    }
+}
+
+/// The mode label of a request as sent (for metrics of requests refused before planning completes).
+pub fn requested_mode_name(mode: i32, default: DefaultMode) -> &'static str {
+    match pb::Mode::try_from(mode) {
+        Ok(pb::Mode::Unspecified) => default.name(),
+        Ok(pb::Mode::Sd) => "sd",
+        Ok(pb::Mode::Easd) => "easd",
+        Ok(pb::Mode::Target) => "target",
+        Ok(pb::Mode::Draft) => "draft",
+        Err(_) => "unknown",
+    }
+}
+
+/// Limits the coordinator knows from its workers, and its defaults for what a request leaves unset.
 pub struct PlanContext<'a> {
     pub tokenizer: &'a Tokenizer,
     pub context_length: usize,
     pub default_easd: &'a EasdParams,
+    pub default_mode: DefaultMode,
+    pub default_k: usize,
 }
 
 pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, ServerError> {
@@ -96,13 +154,14 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
         pb::Mode::try_from(req.mode).map_err(|_| ServerError::invalid("mode", format!("unknown mode {}", req.mode)))?;
     let easd = easd_params(req.easd.unwrap_or_default(), ctx.default_easd)?;
     let mode = match mode_kind {
-        pb::Mode::Unspecified | pb::Mode::Sd => Mode::Sd,
+        pb::Mode::Unspecified => ctx.default_mode.to_mode(&easd),
+        pb::Mode::Sd => Mode::Sd,
         pb::Mode::Target => Mode::Target,
         pb::Mode::Draft => Mode::Draft,
         pb::Mode::Easd => Mode::Easd(easd.clone()),
     };
 
-    let k = req.k.map_or(DEFAULT_BLOCK_SIZE, |k| k as usize);
+    let k = req.k.map_or(ctx.default_k, |k| k as usize);
     validate_block_size(k)
         .map_err(|_| ServerError::invalid("k", format!("must be in 1..={MAX_BLOCK_SIZE}, got {k}")))?;
 

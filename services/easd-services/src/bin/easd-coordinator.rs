@@ -11,7 +11,8 @@ use easd_model::{Tokenizer, default_models_dir, resolve_model};
 use easd_server::coordinator::pool::PoolConfig;
 use easd_server::coordinator::retry::Backoff;
 use easd_server::{Coordinator, CoordinatorConfig, serve::serve_coordinator};
-use easd_services::{ServerTlsArgs, init_logging, shutdown_signal};
+use easd_services::defaults::EasdDefaultsArgs;
+use easd_services::{MetricsArgs, ServerTlsArgs, Shutdown, finish_telemetry, init_telemetry};
 
 #[derive(Parser)]
 #[command(
@@ -21,6 +22,9 @@ use easd_services::{ServerTlsArgs, init_logging, shutdown_signal};
 struct Args {
     #[arg(long, default_value = "0.0.0.0:50050", env = "EASD_LISTEN")]
     listen: SocketAddr,
+    /// Also serve the OpenAI-compatible HTTP API (/v1/chat/completions, …) on this address.
+    #[arg(long, env = "EASD_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
     /// Draft worker URL, e.g. http://draft:50051 (repeatable: sessions fail over between them).
     #[arg(long = "draft", env = "EASD_DRAFTS", value_delimiter = ',', required = true)]
     drafts: Vec<String>,
@@ -64,13 +68,25 @@ struct Args {
     worker_tls_domain: Option<String>,
     #[command(flatten)]
     tls: ServerTlsArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
+    #[command(flatten)]
+    defaults: EasdDefaultsArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    init_logging();
     let args = Args::parse();
+    let telemetry = init_telemetry("easd-coordinator")?;
+    run(args).await?;
+    finish_telemetry(telemetry).await;
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let options = args.tls.options(args.api_token.clone())?;
+    let defaults = args.defaults.resolve()?;
+    let metrics = args.metrics.bind().await?;
     let path = resolve_model(&args.tokenizer, &default_models_dir(), false).context("resolving the tokenizer model")?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf_file(&path).with_context(|| format!("reading the tokenizer of {}", path.display()))?,
@@ -85,6 +101,9 @@ async fn main() -> anyhow::Result<()> {
     let mut config = CoordinatorConfig::new(String::new(), args.verifiers);
     config.draft_urls = args.drafts;
     config.verifier_dns = args.verifier_dns;
+    config.default_easd = defaults.easd;
+    config.default_mode = defaults.mode;
+    config.default_k = defaults.k;
     config.pool = PoolConfig {
         call_timeout: Duration::from_secs_f64(args.call_timeout_s),
         health_interval: Duration::from_secs_f64(args.health_interval_s),
@@ -95,9 +114,24 @@ async fn main() -> anyhow::Result<()> {
         ..PoolConfig::default()
     };
     let coordinator = Coordinator::connect(config, tokenizer).await.context("connecting to the workers")?;
+    metrics.serve(coordinator.metrics().registry());
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let http_listener = match args.http_listen {
+        Some(addr) => {
+            Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening for HTTP on {addr}"))?)
+        }
+        None => None,
+    };
+    let shutdown = Shutdown::on_signal();
+    let http = http_listener.map(|listener| {
+        let config = easd_openai::HttpConfig { api_token: args.api_token.clone(), ..Default::default() };
+        tokio::spawn(easd_openai::serve(listener, coordinator.clone(), config, shutdown.clone().wait()))
+    });
     tracing::info!(addr = %args.listen, "coordinator serving");
-    serve_coordinator(listener, coordinator, &options, shutdown_signal()).await.context("serving")?;
+    serve_coordinator(listener, coordinator, &options, shutdown.wait()).await.context("serving")?;
+    if let Some(http) = http {
+        http.await.context("the HTTP API task failed")?.context("serving HTTP")?;
+    }
     Ok(())
 }

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
 use easd_server::{SessionLimits, Worker, local::load_model, serve::serve_verifier};
-use easd_services::{ServerTlsArgs, init_logging, shutdown_signal};
+use easd_services::{MetricsArgs, ServerTlsArgs, finish_telemetry, init_telemetry, shutdown_signal};
 
 #[derive(Parser)]
 #[command(version, about = "EASD verifier worker: scores drafted blocks with the target model")]
@@ -32,13 +32,22 @@ struct Args {
     idle_timeout_s: u64,
     #[command(flatten)]
     tls: ServerTlsArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    init_logging();
     let args = Args::parse();
+    let telemetry = init_telemetry("easd-verifier")?;
+    run(args).await?;
+    finish_telemetry(telemetry).await;
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let options = args.tls.options(None)?;
+    let metrics = args.metrics.bind().await?;
     let path = resolve_model(&args.model, &default_models_dir(), false).context("resolving the model")?;
     let load =
         LoadOptions { device: parse_device(&args.device)?, requantize: !args.no_requantize, ..LoadOptions::default() };
@@ -49,9 +58,9 @@ async fn main() -> anyhow::Result<()> {
     };
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let worker = Worker::new(model, limits, "verifier");
+    metrics.serve(worker.metrics().registry());
     tracing::info!(addr = %args.listen, model = %path.display(), "verifier worker serving");
-    serve_verifier(listener, Worker::new(model, limits, "verifier"), &options, shutdown_signal())
-        .await
-        .context("serving")?;
+    serve_verifier(listener, worker, &options, shutdown_signal()).await.context("serving")?;
     Ok(())
 }
