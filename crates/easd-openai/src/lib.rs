@@ -22,8 +22,9 @@ mod request;
 mod response;
 mod routes;
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::sync::Arc;
+use std::time::Duration;
 
 use easd_server::Coordinator;
 use tokio::net::TcpListener;
@@ -54,7 +55,11 @@ pub fn router(coordinator: Arc<Coordinator>, config: HttpConfig) -> axum::Router
     routes::router(coordinator, config)
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then lets open responses finish.
+/// How long open responses may go on after the shutdown signal (a chat may otherwise run to the context's end).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves the API on `listener` until `shutdown` completes, then lets open responses finish for at most
+/// [`SHUTDOWN_GRACE`] (connections still open then end with the runtime).
 pub async fn serve(
     listener: TcpListener,
     coordinator: Arc<Coordinator>,
@@ -64,5 +69,23 @@ pub async fn serve(
     let addr = listener.local_addr()?;
     let app = router(coordinator, config);
     tracing::info!(%addr, "OpenAI-compatible HTTP API listening");
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    let (signalled, on_signal) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        shutdown.await;
+        let _ = signalled.send(());
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(signal).into_future();
+    tokio::select! {
+        served = server => served,
+        () = async {
+            if on_signal.await.is_ok() {
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(%addr, "HTTP responses still open {SHUTDOWN_GRACE:?} after shutdown; leaving them");
+            Ok(())
+        }
+    }
 }
