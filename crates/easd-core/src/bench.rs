@@ -31,12 +31,21 @@ pub fn synthetic_logits(vocab: usize, seed: u64) -> Vec<f32> {
     logits
 }
 
-/// Mean wall time of one k-token block: score_position at k + 1 positions (softmax sums,
-/// entropy, top-N, the transform, residual / EASD / bonus samples) plus verify_block. Drafts
-/// are proposed once, outside the timed region (that work belongs to the draft service).
-pub fn verify_block_timing(vocab: usize, k: usize, params: &SamplingParams, mode: &Mode, iters: usize) -> Duration {
+/// Wall-time figures of one block over the iterations.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockTiming {
+    pub min: Duration,
+    pub median: Duration,
+    pub mean: Duration,
+}
+
+/// Times one k-token block: score_position at k + 1 positions (softmax sums, entropy,
+/// top-N, the transform, residual / EASD / bonus samples) plus verify_block. Drafts are
+/// proposed once, outside the timed region (that work belongs to the draft service).
+pub fn verify_block_stats(vocab: usize, k: usize, params: &SamplingParams, mode: &Mode, iters: usize) -> BlockTiming {
+    let zero = BlockTiming { min: Duration::ZERO, median: Duration::ZERO, mean: Duration::ZERO };
     if iters == 0 || vocab == 0 {
-        return Duration::ZERO;
+        return zero;
     }
     let target_logits: Vec<Vec<f32>> = (0..=k as u64).map(|j| synthetic_logits(vocab, 100 + j)).collect();
     let draft: Vec<_> = target_logits[..k]
@@ -49,20 +58,31 @@ pub fn verify_block_timing(vocab: usize, k: usize, params: &SamplingParams, mode
         })
         .collect();
     let opts = TargetOptions::default();
-    let start = Instant::now();
-    for it in 0..iters as u64 {
-        let seed = black_box(7 + it);
-        let target: Vec<_> = target_logits
-            .iter()
-            .enumerate()
-            .map(|(j, l)| {
-                let drafted = draft.get(j).map(|d| (d.token, &d.proposal));
-                score_position(l, params, &opts, drafted, seed, j as u64)
-            })
-            .collect();
-        black_box(verify_block(mode, params.is_greedy(), seed, 0, &draft, &target));
-    }
-    start.elapsed() / iters as u32
+    let mut times: Vec<Duration> = (0..iters as u64)
+        .map(|it| {
+            let start = Instant::now();
+            let seed = black_box(7 + it);
+            let target: Vec<_> = target_logits
+                .iter()
+                .enumerate()
+                .map(|(j, l)| {
+                    let drafted = draft.get(j).map(|d| (d.token, &d.proposal));
+                    score_position(l, params, &opts, drafted, seed, j as u64)
+                })
+                .collect();
+            black_box(verify_block(mode, params.is_greedy(), seed, 0, &draft, &target));
+            start.elapsed()
+        })
+        .collect();
+    let mean = times.iter().sum::<Duration>() / iters as u32;
+    times.sort_unstable();
+    BlockTiming { min: times[0], median: times[iters / 2], mean }
+}
+
+/// Median wall time of one k-token block (see [`verify_block_stats`]); the median resists
+/// other processes on a shared machine better than the mean.
+pub fn verify_block_timing(vocab: usize, k: usize, params: &SamplingParams, mode: &Mode, iters: usize) -> Duration {
+    verify_block_stats(vocab, k, params, mode, iters).median
 }
 
 /// The reference figure: k = 8, temperature 0.7, top-p 0.95, mode sd, `vocab` tokens.

@@ -6,9 +6,10 @@
 //! the (descending, id-tie-broken) order whose mass reaches `top_p`; a token tied with the
 //! last kept one but with a higher id is cut.
 
-use crate::fastmath::{exp_sums, inv_temperature, weight};
+use crate::fastmath::{inv_temperature, weight};
 use crate::params::SamplingParams;
-use crate::select::{top_ids, top_pairs};
+use crate::scan::scan;
+use crate::select::{better, top_ids};
 
 /// Sparse distribution: ids with probabilities, sorted by descending probability (ties by
 /// lower id), summing to 1; zero-probability ids are left out.
@@ -63,14 +64,11 @@ impl SparseDist {
     }
 }
 
-/// Shannon entropy (nats) of softmax(logits / t), t = temperature (1 for greedy). Two
-/// vectorised passes (max, then exp sums), no allocation.
+/// Shannon entropy (nats) of softmax(logits / t), t = temperature (1 for greedy). One
+/// vectorised pass, no allocation.
 pub fn entropy(logits: &[f32], temperature: f32) -> f32 {
     let t = if temperature == 0.0 { 1.0 } else { temperature };
-    let Some(&(max, _)) = top_pairs(logits, 1).first() else {
-        return 0.0;
-    };
-    exp_sums(logits, max, inv_temperature(t), None).entropy()
+    scan(logits, 0, inv_temperature(t), false, false).at_t.entropy()
 }
 
 /// Ids of the n largest logits, descending (partial selection, no full sort). Ties broken by
@@ -115,8 +113,8 @@ pub(crate) fn initial_candidates(params: &SamplingParams, max_support: usize, le
     .min(len)
 }
 
-/// Builds the transformed sparse distribution from descending candidates `cands`, growing
-/// them (a new partial selection, 8x larger) when a top-p nucleus is not yet covered.
+/// Builds the transformed sparse distribution from descending candidates `cands`, replacing
+/// them by the whole nucleus when a top-p nucleus is not yet covered.
 /// `z` is the full softmax normaliser at `inv_t` (only read when top_k is off and top_p on).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sparse_from(
@@ -129,16 +127,51 @@ pub(crate) fn sparse_from(
     cands: &mut Vec<u32>,
     requested: usize,
 ) -> SparseDist {
-    let mut requested = requested;
-    loop {
-        // Fewer finite logits than requested, or the whole vocabulary: nothing is missing.
-        let complete = cands.len() < requested || requested >= logits.len();
-        if let Some(d) = try_sparse(logits, params, max_support, max, inv_t, z, cands, complete) {
-            return d;
-        }
-        requested = (requested * 8).min(logits.len());
-        *cands = top_ids(logits, requested);
+    // Fewer finite logits than requested, or the whole vocabulary: nothing is missing.
+    let complete = cands.len() < requested || requested >= logits.len();
+    if let Some(d) = try_sparse(logits, params, max_support, max, inv_t, z, cands, complete) {
+        return d;
     }
+    // The nucleus reaches beyond the candidates (a flat tail at a hot temperature).
+    let needed = if params.top_p < 1.0 { params.top_p as f64 * z } else { f64::INFINITY };
+    *cands = nucleus_candidates(logits, max, inv_t, needed);
+    try_sparse(logits, params, max_support, max, inv_t, z, cands, true).unwrap_or_default()
+}
+
+/// A top set of ids (descending, ties by lower id, whole tie groups) whose softmax weight
+/// surely reaches `needed` (all ids with a finite logit if it never does), at most ~2% more
+/// weight than needed. One pass counts s = (l - max)/T into 4096 buckets; bucket counts times
+/// the bucket's lowest weight bound the cumulative weight from below; a second pass collects
+/// the ids down to the bucket where that bound crosses `needed`. No exp per element.
+fn nucleus_candidates(logits: &[f32], max: f32, inv_t: f32, needed: f64) -> Vec<u32> {
+    const BUCKETS: usize = 4096;
+    let scale = BUCKETS as f32 / 87.0;
+    // s in [-87, 0] -> bucket 0 (largest s) .. BUCKETS - 1; monotone in the logit.
+    let bucket = |l: f32| (-((l - max) * inv_t) * scale) as usize;
+    let mut count = vec![0u32; BUCKETS];
+    for &l in logits {
+        if l.is_finite() {
+            count[bucket(l).min(BUCKETS - 1)] += 1;
+        }
+    }
+    let mut bound = 0.0;
+    let last = count
+        .iter()
+        .enumerate()
+        .position(|(b, &c)| {
+            // Lowest weight in bucket b, shaded for f32 rounding of the weights themselves.
+            bound += c as f64 * (-((b + 1) as f64) / scale as f64).exp() * (1.0 - 1e-6);
+            bound >= needed
+        })
+        .unwrap_or(usize::MAX);
+    let mut pairs: Vec<(f32, u32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|&(_, &l)| l.is_finite() && bucket(l) <= last)
+        .map(|(i, &l)| (l, i as u32))
+        .collect();
+    pairs.sort_unstable_by(better);
+    pairs.into_iter().map(|(_, id)| id).collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -199,13 +232,13 @@ pub fn transformed(logits: &[f32], params: &SamplingParams, max_support: usize) 
         return top_ids(logits, 1).first().map_or_else(SparseDist::default, |&id| SparseDist::point(id));
     }
     let requested = initial_candidates(params, max_support, logits.len());
-    let mut cands = top_ids(logits, requested.max(1));
-    let Some(&best) = cands.first() else {
-        return SparseDist::default();
-    };
-    let max = logits[best as usize];
     let inv_t = inv_temperature(params.temperature);
-    let z = if params.top_k == 0 && params.top_p < 1.0 { exp_sums(logits, max, inv_t, None).z } else { 0.0 };
+    let sc = scan(logits, requested.max(1), inv_t, false, false);
+    let mut cands = sc.top_ids();
+    if cands.is_empty() {
+        return SparseDist::default();
+    }
+    let (max, z) = (sc.max, sc.at_t.z);
     sparse_from(logits, params, max_support, max, inv_t, z, &mut cands, requested.max(1))
 }
 
@@ -270,6 +303,28 @@ mod tests {
         assert_eq!(d.len(), 4500);
         assert!((d.total() - 1.0).abs() < 1e-4);
         assert_eq!(d.ids[..3], [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_large_nucleus_matches_a_full_sort_and_cut() {
+        let logits: Vec<f32> = (0..3000u32).map(|i| (i.wrapping_mul(2654435761) >> 20) as f32 / 400.0).collect();
+        for (t, top_p) in [(1.5f32, 0.97f32), (1.0, 0.8), (3.0, 0.999)] {
+            let p = softmax(&logits, t);
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            order.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap().then(a.cmp(&b)));
+            let mut acc = 0.0;
+            let end = order.iter().position(|&i| {
+                acc += p[i];
+                acc >= top_p as f64
+            });
+            let expected: Vec<u32> = order[..=end.unwrap()].iter().map(|&i| i as u32).collect();
+            let d = transformed(&logits, &params(t, 0, top_p), 0);
+            assert!(expected.len() > 256, "the case must exceed the first selection");
+            // The cut may differ by a token whose cumulative mass sits within rounding of top_p.
+            assert!(d.len().abs_diff(expected.len()) <= 1, "T={t}: {} vs {}", d.len(), expected.len());
+            let n = d.len().min(expected.len());
+            assert_eq!(d.ids[..n], expected[..n]);
+        }
     }
 
     #[test]

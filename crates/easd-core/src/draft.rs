@@ -2,10 +2,10 @@
 //! (DESIGN §2.1 proposal truncation, §3.1 step 1).
 
 use crate::dist::{SparseDist, initial_candidates, sparse_from};
-use crate::fastmath::{exp_sums, inv_temperature};
+use crate::fastmath::inv_temperature;
 use crate::params::SamplingParams;
 use crate::rng::{Purpose, uniform};
-use crate::select::top_ids;
+use crate::scan::scan;
 
 /// Default K_q: how many (id, probability) pairs of q the draft sends per position.
 pub const DEFAULT_K_Q: usize = 64;
@@ -37,14 +37,14 @@ pub fn propose(
 ) -> DraftToken {
     let greedy = params.is_greedy();
     let requested = if greedy { 1 } else { initial_candidates(params, k_q, logits.len()) }.max(top_n).max(1);
-    let mut cands = top_ids(logits, requested);
+    let inv_t = inv_temperature(if greedy { 1.0 } else { params.temperature });
+    let sc = scan(logits, requested, inv_t, false, false);
+    let mut cands = sc.top_ids();
     let Some(&best) = cands.first() else {
         // No finite logit: nothing sensible to propose (validate_logits rejects this input).
         return DraftToken { token: 0, proposal: SparseDist::default(), entropy: 0.0, top_n: Vec::new() };
     };
-    let max = logits[best as usize];
-    let inv_t = inv_temperature(if greedy { 1.0 } else { params.temperature });
-    let sums = exp_sums(logits, max, inv_t, None);
+    let (max, sums) = (sc.max, sc.at_t);
     let top = cands[..cands.len().min(top_n)].to_vec();
     let proposal = if greedy {
         SparseDist::point(best)

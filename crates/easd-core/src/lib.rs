@@ -31,6 +31,7 @@ mod draft;
 mod fastmath;
 mod params;
 mod rng;
+mod scan;
 mod select;
 mod target;
 mod verify;

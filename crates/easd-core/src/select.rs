@@ -10,11 +10,11 @@ use std::cmp::Ordering;
 const CHUNK: usize = 16;
 
 /// Descending by value, ties by lower id: a total order on non-NaN candidates.
-fn better(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
+pub(crate) fn better(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
     b.0.partial_cmp(&a.0).unwrap_or(Ordering::Equal).then(a.1.cmp(&b.1))
 }
 
-fn chunk_max(c: &[f32]) -> f32 {
+pub(crate) fn chunk_max(c: &[f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; CHUNK / 2];
     for l in 0..CHUNK / 2 {
         let (x, y) = (c[l], c[l + CHUNK / 2]);
@@ -22,6 +22,64 @@ fn chunk_max(c: &[f32]) -> f32 {
         m[l] = if xy > m[l] { xy } else { m[l] };
     }
     m.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
+}
+
+/// Keeps the `n` best (value, id) pairs offered in increasing id order.
+pub(crate) struct TopBuffer {
+    n: usize,
+    buf: Vec<(f32, u32)>,
+    threshold: f32,
+}
+
+impl TopBuffer {
+    pub fn new(n: usize) -> Self {
+        Self { n, buf: Vec::with_capacity(2 * n + CHUNK), threshold: f32::NEG_INFINITY }
+    }
+
+    /// Values not above this cannot enter (NaN and -inf never do).
+    #[inline]
+    pub fn threshold(&self) -> f32 {
+        if self.n == 0 { f32::INFINITY } else { self.threshold }
+    }
+
+    #[inline]
+    fn admit(&mut self, v: f32, id: usize) {
+        // A later id with a value equal to the threshold ranks below the n-th kept one.
+        if v > self.threshold {
+            self.buf.push((v, id as u32));
+            if self.buf.len() >= 2 * self.n {
+                self.buf.select_nth_unstable_by(self.n - 1, better);
+                self.buf.truncate(self.n);
+                self.threshold = self.buf[self.n - 1].0;
+            }
+        }
+    }
+
+    /// Offers `values`, whose first id is `offset`; chunks below the threshold are skipped.
+    pub fn offer(&mut self, values: &[f32], offset: usize) {
+        if self.n == 0 {
+            return;
+        }
+        let chunks = values.chunks_exact(CHUNK);
+        let rest_start = values.len() - chunks.remainder().len();
+        for (ci, c) in chunks.enumerate() {
+            if chunk_max(c) > self.threshold {
+                for (j, &v) in c.iter().enumerate() {
+                    self.admit(v, offset + ci * CHUNK + j);
+                }
+            }
+        }
+        for (j, &v) in values[rest_start..].iter().enumerate() {
+            self.admit(v, offset + rest_start + j);
+        }
+    }
+
+    /// The best pairs, descending, ties by lower id.
+    pub fn finish(mut self) -> Vec<(f32, u32)> {
+        self.buf.sort_unstable_by(better);
+        self.buf.truncate(self.n);
+        self.buf
+    }
 }
 
 /// Ids of the `n` largest logits, descending, ties broken by lower id. NaN and -inf entries
@@ -32,37 +90,9 @@ pub(crate) fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
 
 /// As [`top_ids`], with the logit of each id.
 pub(crate) fn top_pairs(logits: &[f32], n: usize) -> Vec<(f32, u32)> {
-    if n == 0 {
-        return Vec::new();
-    }
-    let mut buf: Vec<(f32, u32)> = Vec::with_capacity(2 * n + CHUNK);
-    let mut threshold = f32::NEG_INFINITY;
-    let admit = |buf: &mut Vec<(f32, u32)>, threshold: &mut f32, v: f32, id: usize| {
-        // A later id with a value equal to the threshold ranks below the n-th kept one.
-        if v > *threshold {
-            buf.push((v, id as u32));
-            if buf.len() >= 2 * n {
-                buf.select_nth_unstable_by(n - 1, better);
-                buf.truncate(n);
-                *threshold = buf[n - 1].0;
-            }
-        }
-    };
-    let chunks = logits.chunks_exact(CHUNK);
-    let rest_start = logits.len() - chunks.remainder().len();
-    for (ci, c) in chunks.enumerate() {
-        if chunk_max(c) > threshold {
-            for (j, &v) in c.iter().enumerate() {
-                admit(&mut buf, &mut threshold, v, ci * CHUNK + j);
-            }
-        }
-    }
-    for (j, &v) in logits[rest_start..].iter().enumerate() {
-        admit(&mut buf, &mut threshold, v, rest_start + j);
-    }
-    buf.sort_unstable_by(better);
-    buf.truncate(n);
-    buf
+    let mut top = TopBuffer::new(n);
+    top.offer(logits, 0);
+    top.finish()
 }
 
 #[cfg(test)]

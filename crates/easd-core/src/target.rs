@@ -8,10 +8,11 @@
 //! vocabulary (in id order, by chunked vectorised sums) only when the uniform lands there.
 
 use crate::dist::{SparseDist, sparse_from};
-use crate::fastmath::{exp_sums, exp_sums_two, inv_temperature, tail_walk, weight};
+use crate::fastmath::{inv_temperature, tail_walk, weight};
 use crate::params::{ParamError, Penalty, SamplingParams};
 use crate::rng::{Purpose, uniform};
-use crate::select::top_ids;
+use crate::scan::scan;
+use crate::select::better;
 
 /// Most log-probabilities a request may ask for per position.
 pub const MAX_LOGPROBS: usize = 20;
@@ -85,15 +86,9 @@ impl TargetPosition {
 /// The request-transformed target distribution at one position.
 enum TargetDist<'a> {
     /// Full softmax at 1/inv_t; `head` = the best ids, descending.
-    Dense {
-        logits: &'a [f32],
-        max: f32,
-        inv_t: f32,
-        z: f64,
-        head: &'a [u32],
-        blocks: &'a [f64],
-    },
-    Sparse(SparseDist),
+    Dense { logits: &'a [f32], max: f32, inv_t: f32, z: f64, head: &'a [u32], blocks: &'a [f64] },
+    /// Top-k / top-p support, sorted by (logit desc, id asc), so `prob` is a binary search.
+    Sparse { d: SparseDist, logits: &'a [f32] },
 }
 
 impl TargetDist<'_> {
@@ -102,16 +97,23 @@ impl TargetDist<'_> {
             TargetDist::Dense { logits, max, inv_t, z, .. } => {
                 logits.get(id as usize).map_or(0.0, |&l| weight(l, *max, *inv_t) as f64 / z)
             }
-            TargetDist::Sparse(d) => d.prob(id) as f64,
+            TargetDist::Sparse { d, logits } => {
+                let Some(&l) = logits.get(id as usize) else { return 0.0 };
+                d.ids
+                    .binary_search_by(|&probe| better(&(logits[probe as usize], probe), &(l, id)))
+                    .map_or(0.0, |k| d.probs[k] as f64)
+            }
         }
     }
 
     /// Inverse-CDF sample of p with the probabilities of a few ids replaced by `overrides`
     /// (each no larger than p(id)); None when no mass is left. Zero-weight ids are never drawn.
     fn sample_with(&self, overrides: &[(u32, f64)], u: f64) -> Option<u32> {
-        let weight = |id: u32, p: f64| overrides.iter().find(|o| o.0 == id).map_or(p, |o| o.1);
+        let mut sorted = overrides.to_vec();
+        sorted.sort_unstable_by_key(|o| o.0);
+        let weight = |id: u32, p: f64| sorted.binary_search_by_key(&id, |o| o.0).map_or(p, |k| sorted[k].1);
         match self {
-            TargetDist::Sparse(d) => {
+            TargetDist::Sparse { d, .. } => {
                 let w: Vec<f64> = d.ids.iter().zip(&d.probs).map(|(&id, &p)| weight(id, p as f64).max(0.0)).collect();
                 walk(d.ids.iter().copied().zip(w.iter().copied()), w.iter().sum(), u).0
             }
@@ -177,7 +179,11 @@ pub fn score_position(
 ) -> TargetPosition {
     let greedy = params.is_greedy();
     let requested = if greedy { 2 } else { DENSE_HEAD.max(params.top_k) }.max(opts.top_n).max(opts.logprobs);
-    let cands = top_ids(logits, requested);
+    let t = if greedy { 1.0 } else { params.temperature };
+    let inv_t = inv_temperature(t);
+    let dense = !greedy && params.top_k == 0 && params.top_p >= 1.0;
+    let sc = scan(logits, requested, inv_t, t != 1.0, dense);
+    let cands = sc.top_ids();
     let Some(&best) = cands.first() else {
         // No finite logit (rejected by validate_logits): an inert summary, never a panic.
         return TargetPosition {
@@ -192,19 +198,8 @@ pub fn score_position(
             candidate_logprobs: Vec::new(),
         };
     };
-    let max = logits[best as usize];
-    let t = if greedy { 1.0 } else { params.temperature };
-    let inv_t = inv_temperature(t);
-    let dense = !greedy && params.top_k == 0 && params.top_p >= 1.0;
-    let mut blocks = Vec::new();
-    let record = dense.then_some(&mut blocks);
-    let (sums_t, sums_1) = if t == 1.0 {
-        let s = exp_sums(logits, max, inv_t, record);
-        (s, s)
-    } else {
-        exp_sums_two(logits, max, inv_t, record)
-    };
-    let ln_z1 = sums_1.z.ln();
+    let (max, sums_t, blocks) = (sc.max, sc.at_t, sc.blocks);
+    let ln_z1 = sc.z_one.ln();
     let logprob = |id: u32| ((logits[id as usize] - max) as f64 - ln_z1) as f32;
     let top_n = cands[..cands.len().min(opts.top_n)].to_vec();
     let top_logprobs: Vec<(u32, f32)> =
@@ -230,7 +225,7 @@ pub fn score_position(
             TargetDist::Dense { logits, max, inv_t, z: sums_t.z, head: &cands, blocks: &blocks }
         } else {
             let mut c = cands.clone();
-            TargetDist::Sparse(sparse_from(logits, params, 0, max, inv_t, sums_t.z, &mut c, requested))
+            TargetDist::Sparse { d: sparse_from(logits, params, 0, max, inv_t, sums_t.z, &mut c, requested), logits }
         };
         let u = |purpose| uniform(seed, position, purpose);
         sample_token = p.sample_with(&[], u(Purpose::BonusSample)).unwrap_or(best);
