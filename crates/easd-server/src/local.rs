@@ -6,6 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use easd_core::EasdParams;
+
+use crate::coordinator::DefaultMode;
 use easd_model::{LoadOptions, Model, Tokenizer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -22,6 +24,9 @@ pub struct LocalOptions {
     pub verifier_replicas: usize,
     pub limits: SessionLimits,
     pub default_easd: EasdParams,
+    /// Mode and block size of requests that leave them unset.
+    pub default_mode: DefaultMode,
+    pub default_k: usize,
     /// Where the coordinator listens (port 0: any free port).
     pub coordinator_addr: SocketAddr,
     /// Bearer token for the coordinator's client API.
@@ -34,6 +39,8 @@ impl Default for LocalOptions {
             verifier_replicas: 1,
             limits: SessionLimits::default(),
             default_easd: EasdParams::default(),
+            default_mode: DefaultMode::default(),
+            default_k: crate::coordinator::request::DEFAULT_BLOCK_SIZE,
             coordinator_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
         }
@@ -111,6 +118,8 @@ impl LocalStack {
 
         let mut config = CoordinatorConfig::new(draft_url.clone(), verifier_urls.clone());
         config.default_easd = opts.default_easd;
+        config.default_mode = opts.default_mode;
+        config.default_k = opts.default_k;
         let coordinator = Coordinator::connect(config, tokenizer).await?;
         let (listener, coordinator_url) = bind(opts.coordinator_addr).await?;
         let opts_server = ServerOptions { tls: None, api_token: opts.api_token.clone() };

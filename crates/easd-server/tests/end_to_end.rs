@@ -106,6 +106,35 @@ async fn greedy_sd_and_non_triggering_easd_reproduce_target_mode_exactly() {
     stack.shutdown().await;
 }
 
+/// The value of the sample line `series value` in a metrics text (0 when absent).
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_mode_or_k_get_the_coordinator_defaults() {
+    let models = tiny_models(0);
+    let opts = LocalOptions {
+        default_mode: easd_server::coordinator::DefaultMode::Easd,
+        default_k: 2,
+        ..LocalOptions::default()
+    };
+    let stack = stack(&models, opts).await;
+    let req = pb::GenerateRequest {
+        mode: pb::Mode::Unspecified as i32,
+        k: None,
+        ..request("Once upon a time", pb::Mode::Sd, 24)
+    };
+    let s = generate(&stack.coordinator_url, req).await.unwrap().summary;
+    assert_eq!(s.mode, "easd");
+    // k = 2: every block drafts two tokens except possibly a last, shortened one.
+    assert!(s.drafted_tokens <= 2 * s.blocks && s.drafted_tokens > 2 * (s.blocks - 1), "{s:?}");
+    let text = stack.coordinator.metrics().encode();
+    assert_eq!(sample(&text, r#"easd_coordinator_requests_total{mode="easd",status="ok"}"#), 1.0, "{text}");
+    assert_eq!(sample(&text, r#"easd_coordinator_drafted_tokens_total{mode="easd"}"#), f64::from(s.drafted_tokens));
+    stack.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn easd_that_always_triggers_changes_the_output_and_counts_triggers() {
     let models = tiny_models(0);
@@ -214,6 +243,11 @@ async fn evicted_sessions_are_rebuilt_transparently() {
     let evictions =
         stack.verifier_workers[0].sessions.stats().evictions + stack.draft_worker.sessions.stats().evictions;
     assert!(evictions > 0, "the tight budget evicted sessions");
+    let counted: f64 = [&stack.draft_worker, &stack.verifier_workers[0]]
+        .iter()
+        .map(|w| sample(&w.metrics().encode(), &format!("easd_worker_evictions_total{{role=\"{}\"}}", w.role)))
+        .sum();
+    assert_eq!(counted, evictions as f64, "every eviction is counted in the worker metrics");
     stack.shutdown().await;
 }
 

@@ -439,3 +439,33 @@ pub fn is_transport_failure(e: &ServerError) -> bool {
 fn short(fingerprint: &str) -> &str {
     &fingerprint[..fingerprint.len().min(12)]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live_sessions(metrics: &CoordinatorMetrics, url: &str) -> Option<String> {
+        let series = format!("easd_coordinator_live_sessions{{replica=\"{url}\"}} ");
+        metrics.encode().lines().find_map(|line| line.strip_prefix(&series).map(str::to_owned))
+    }
+
+    #[tokio::test]
+    async fn leases_move_the_live_sessions_gauge_of_their_replica() {
+        let metrics = CoordinatorMetrics::new();
+        let urls = ["127.0.0.1:1".to_owned(), "127.0.0.1:2".to_owned()];
+        let pool = Pool::new(Role::Verifier, &urls, "fp", PoolConfig::default(), Some(metrics.clone())).unwrap();
+        let (one, two) = ("http://127.0.0.1:1", "http://127.0.0.1:2");
+        assert_eq!(live_sessions(&metrics, one).as_deref(), Some("0"), "known replicas report from the start");
+        for replica in pool.replicas() {
+            replica.healthy.store(true, Ordering::Relaxed);
+        }
+        let first = pool.try_lease(&[two.to_owned()], true).unwrap();
+        let second = pool.try_lease(&[two.to_owned()], true).unwrap();
+        assert_eq!(live_sessions(&metrics, one).as_deref(), Some("2"));
+        assert_eq!(live_sessions(&metrics, two).as_deref(), Some("0"));
+        drop(first);
+        assert_eq!(live_sessions(&metrics, one).as_deref(), Some("1"));
+        drop(second);
+        assert_eq!(live_sessions(&metrics, one).as_deref(), Some("0"));
+    }
+}
