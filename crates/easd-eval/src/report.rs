@@ -3,7 +3,8 @@
 //! Definitions (all aggregated over a variant's problems, never averaged over per-request ratios unless said):
 //! * accuracy with a 95% Wilson interval; paired exact McNemar on the problems both variants answered, with a
 //!   Holm adjustment over all pairs;
-//! * tokens/s = Σ generated tokens / Σ server wall seconds (wall clock, not forward time); the per-request median too;
+//! * tokens/s = Σ generated tokens / Σ server wall seconds (wall clock, not forward time; the harness's own timing
+//!   where the server sent none); the per-request median too;
 //! * acceptance rate = Σ accepted / Σ drafted; mean accepted length = Σ accepted / Σ blocks; tokens per target call
 //!   = Σ generated / Σ target forwards;
 //! * EASD trigger rate = Σ triggers / Σ generated tokens (one trigger emits one token and ends its block);
@@ -115,12 +116,9 @@ fn variant_stats(label: String, settings: &str, rs: &[&ResultRecord]) -> Variant
     let ratio = |num: f64, den: f64| (den > 0.0).then(|| num / den);
     let correct = rs.iter().filter(|r| r.correct).count();
     let generated = sum(&|r| r.summary.generated_tokens as f64);
-    let wall = sum(&|r| r.summary.wall_s);
-    let mut per_request: Vec<f64> = rs
-        .iter()
-        .filter(|r| r.summary.wall_s > 0.0)
-        .map(|r| r.summary.generated_tokens as f64 / r.summary.wall_s)
-        .collect();
+    let wall = sum(&wall_s);
+    let mut per_request: Vec<f64> =
+        rs.iter().filter(|r| wall_s(r) > 0.0).map(|r| r.summary.generated_tokens as f64 / wall_s(r)).collect();
     per_request.sort_by(f64::total_cmp);
     let speculative = matches!(rs.first().map(|r| r.mode), Some(Mode::Sd | Mode::Easd));
     let per_problem = |total: f64| if n == 0 { 0.0 } else { total / n as f64 };
@@ -158,6 +156,11 @@ fn variant_stats(label: String, settings: &str, rs: &[&ResultRecord]) -> Variant
         discarded_tokens_per_problem: per_problem(sum(&|r| r.summary.discarded_tokens as f64)),
         failovers: sum(&|r| r.summary.failovers as f64) as u64,
     }
+}
+
+/// The coordinator's wall time of a request, or the harness's own measurement when the server sent none.
+fn wall_s(r: &ResultRecord) -> f64 {
+    if r.summary.wall_s > 0.0 { r.summary.wall_s } else { r.client_wall_s }
 }
 
 fn median(sorted: &[f64]) -> f64 {
@@ -320,4 +323,64 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 
 fn opt_pct(v: Option<f64>) -> String {
     v.map_or_else(|| "–".into(), |x| format!("{:.1}%", 100.0 * x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generator::GenerationSummary;
+
+    fn record(problem: usize, variant: &str, correct: bool, wall_s: f64) -> ResultRecord {
+        ResultRecord {
+            problem,
+            variant: variant.into(),
+            mode: if variant == "target" { Mode::Target } else { Mode::Sd },
+            settings: "h".into(),
+            seed: 0,
+            question_hash: String::new(),
+            easd: None,
+            expected: Some(1.0),
+            predicted: Some(if correct { 1.0 } else { 2.0 }),
+            predicted_text: None,
+            answer_source: None,
+            correct,
+            draft_tokens: 0,
+            target_tokens: 10,
+            client_wall_s: 2.0,
+            output: String::new(),
+            summary: GenerationSummary { generated_tokens: 10, wall_s, ..GenerationSummary::default() },
+        }
+    }
+
+    #[test]
+    fn missing_server_wall_time_falls_back_to_the_harness_timing() {
+        let report = summarize(&[record(0, "target", true, 0.0), record(1, "target", true, 0.5)]);
+        // (10 + 10) tokens / (2.0 + 0.5) s
+        assert!((report.variants[0].tokens_per_s - 8.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pairs_use_only_problems_both_variants_answered() {
+        let records = [
+            record(0, "target", true, 1.0),
+            record(1, "target", false, 1.0),
+            record(2, "target", true, 1.0),
+            record(0, "sd", false, 1.0),
+            record(1, "sd", true, 1.0),
+        ];
+        let report = summarize(&records);
+        let pair = &report.pairs[0];
+        assert_eq!((pair.a.as_str(), pair.b.as_str()), ("target", "sd"));
+        assert_eq!((pair.problems, pair.only_a, pair.only_b), (2, 1, 1));
+        assert_eq!(pair.p_value, 1.0);
+    }
+
+    #[test]
+    fn one_label_under_two_settings_becomes_two_variants() {
+        let mut other = record(0, "sd", true, 1.0);
+        other.settings = "g".into();
+        let report = summarize(&[record(0, "sd", true, 1.0), other]);
+        let labels: Vec<&str> = report.variants.iter().map(|v| v.label.as_str()).collect();
+        assert_eq!(labels, ["sd@g", "sd@h"]);
+    }
 }
