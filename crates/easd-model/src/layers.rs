@@ -19,14 +19,21 @@ impl RmsNorm {
 }
 
 /// A quantized projection with an optional bias (qwen2 has q/k/v biases, llama none).
+/// `in_pad` zero columns were appended to the weight at load (see `load.rs`); the input gets
+/// the same zero padding, which leaves the product unchanged.
 pub(crate) struct Linear {
     pub weight: QMatMul,
     pub bias: Option<Tensor>,
+    pub in_pad: usize,
 }
 
 impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
+        let y = if self.in_pad > 0 {
+            self.weight.forward(&x.pad_with_zeros(candle_core::D::Minus1, 0, self.in_pad)?)?
+        } else {
+            self.weight.forward(x)?
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -35,16 +42,16 @@ impl Linear {
 }
 
 pub(crate) struct Mlp {
-    pub gate: QMatMul,
-    pub up: QMatMul,
-    pub down: QMatMul,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
 }
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
         let up = self.up.forward(x)?;
-        Ok(self.down.forward(&(gate * up)?)?)
+        self.down.forward(&(gate * up)?)
     }
 }
 

@@ -8,13 +8,13 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
-use crate::layers::{Block, RmsNorm, causal_mask};
+use crate::layers::{Block, Linear, RmsNorm, causal_mask};
 use crate::load::{LoadStats, load_weights};
 use crate::logits::Logits;
 use crate::rope::Rope;
 use crate::tokenizer::Tokenizer;
-use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,7 +59,7 @@ pub struct Model {
     embed: Arc<QTensor>,
     blocks: Vec<Block>,
     norm: RmsNorm,
-    lm_head: QMatMul,
+    lm_head: Linear,
     rope: Rope,
     device: Device,
     load_stats: LoadStats,
@@ -167,6 +167,9 @@ impl Model {
         cache.reserve(seq)?;
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
         let mut x = self.embed.embedding(&ids)?;
+        if x.dim(2)? != self.cfg.hidden_size {
+            x = x.narrow(2, 0, self.cfg.hidden_size)?.contiguous()?; // drop the head's padding
+        }
         let n_rep = self.cfg.n_heads / self.cfg.n_kv_heads;
         let mask = causal_mask(seq, start_pos, n_rep, &self.device)?;
         for (i, block) in self.blocks.iter().enumerate() {
@@ -268,6 +271,8 @@ mod tests {
             assert_eq!(info.name, format!("tiny-{}", spec.architecture));
             // Q5_0, Q5_1 and Q4_1 FFN weights: three per layer.
             assert_eq!(m.load_stats().requantized_tensors, 6);
+            // Every Q8_0 projection (inner dims 64 and 128) is padded to 256 columns.
+            assert!(m.load_stats().padded_tensors >= 14, "{:?}", m.load_stats());
         }
     }
 
