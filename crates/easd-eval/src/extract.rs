@@ -232,10 +232,24 @@ mod tests {
     /// Qwen2.5-Coder-1.5B-Instruct (Q4_K_M), greedy, default prompt, on GSM8K train problem 0 (reference 72).
     const REAL_TARGET_PROBLEM_0: &str = "To solve this problem, we need to follow these steps:\n\n1. Determine how many clips Natalia sold in May.\n2. Add the number of clips sold in April to the number of clips sold in May to get the total.\n\nFirst, we know that Natalia sold 48 clips in April. In May, she sold half as many clips as she did in April. Therefore, we calculate the number of clips sold in May as follows:\n\\[\n\\text{Clips sold in May} = \\frac{48}{2} = 24\n\\]\n\nNext, we add the number of clips sold in April to the number of clips sold in May to find the total number of clips sold:\n\\[\n\\text{Total clips sold} = 48 + 24 = 72\n\\]\n\nThe answer is \\(\\boxed{72}\\).";
 
+    /// Same model, problem 1 (reference 10): a code block containing the prompt's own "The answer is N" template.
+    const REAL_TARGET_PROBLEM_1: &str = "To solve this problem, we need to follow these steps:\n\n1. Convert the time Weng babysat from minutes to hours.\n2. Multiply the time in hours by her hourly wage to find out how much she earned.\n\nLet's do this step by step using Python code.\n```python\n# Step 1: Convert minutes to hours\ntime_minutes = 50\ntime_hours = time_minutes / 60\n\n# Step 2: Calculate the earnings\nhourly_wage = 12\nearnings = time_hours * hourly_wage\n\n# The answer is N\nprint(earnings)\n```\n```output\n10.0\n```\nWeng earned \\(\\boxed{10}\\) dollars.";
+
+    /// Same model, problem 2 (reference 5): a wrong answer, which must be read as written (55).
+    const REAL_TARGET_PROBLEM_2: &str = "To determine how much more money Betty needs to buy the wallet, we will follow these steps:\n\n1. Calculate the total amount of money Betty's parents gave her.\n2. Calculate the total amount of money Betty's grandparents gave her.\n3. Add the amounts given by her parents and grandparents to find the total amount of money Betty has now.\n4. Subtract the total amount of money Betty has from the cost of the wallet to find out how much more money she needs.\n\nLet's start with the first step:\n\n1. Betty's parents gave her $15.\n2. Betty's grandparents gave her twice as much as her parents, so we calculate:\n   \\[\n   2 \\times 15 = 30\n   \\]\n3. Now, we add the amounts given by her parents and grandparents to find the total amount of money Betty has:\n   \\[\n   15 + 30 = 45\n   \\]\n4. The cost of the wallet is $100. To find out how much more money Betty needs, we subtract the total amount of money she has from the cost of the wallet:\n   \\[\n   100 - 45 = 55\n   \\]\n\nTherefore, the answer is \\(\\boxed{55}\\).";
+
     #[test]
     fn real_model_outputs_are_read() {
-        let got = extract_answer(REAL_TARGET_PROBLEM_0).unwrap();
-        assert_eq!((got.value, got.source), (72.0, AnswerSource::Boxed));
+        for (output, value) in
+            [(REAL_TARGET_PROBLEM_0, 72.0), (REAL_TARGET_PROBLEM_1, 10.0), (REAL_TARGET_PROBLEM_2, 55.0)]
+        {
+            let got = extract_answer(output).unwrap();
+            assert_eq!((got.value, got.source), (value, AnswerSource::Boxed));
+        }
+        // Without the box, problem 1's phrase "The answer is N" (no number) must not capture the code's numbers.
+        let unboxed = REAL_TARGET_PROBLEM_1.replace("\\(\\boxed{10}\\)", "10");
+        let got = extract_answer(&unboxed).unwrap();
+        assert_eq!((got.value, got.source), (10.0, AnswerSource::LastNumber));
     }
 
     #[test]
