@@ -32,7 +32,7 @@
 //! A temperature other than 1 adds a second, cheaper exp per logit for the raw log-softmax.
 //! A top-p nucleus larger than the first selection (a flat tail at a hot temperature) is
 //! found by a histogram cutoff and then sorted: that case costs milliseconds per position.
-//! `examples/bench_verify.rs` prints the figures; [`bench`] exposes them to the CLI.
+//! `examples/bench_verify.rs` prints the figures; [`mod@bench`] exposes them to the CLI.
 
 mod calibrate;
 mod dist;

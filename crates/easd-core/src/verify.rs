@@ -9,9 +9,9 @@ use crate::target::TargetPosition;
 /// Why a block stopped before its bonus token.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Rejection {
-    /// The SD test rejected draft[index].
+    /// The SD test rejected `draft[index]`.
     Sd { index: usize },
-    /// The EASD rule rejected draft[index], with the values that triggered it.
+    /// The EASD rule rejected `draft[index]`, with the values that triggered it.
     Easd { index: usize, draft_entropy: f32, target_entropy: f32, overlap: f32 },
 }
 
@@ -56,20 +56,20 @@ pub fn easd_fires(params: &EasdParams, draft: &DraftToken, target: &TargetPositi
 /// `draft[j]` sits at absolute position `first_position + j`; `target[j]` is the verifier's
 /// summary there and `target[k]` (k = draft.len()) is the position after the block.
 ///
-/// For j = 0..k, with x = draft[j].token:
-/// 1. (EASD, order `gate`) if the EASD rule fires, emit target[j].easd_token and stop.
+/// For j = 0..k, with x = `draft[j].token`:
+/// 1. (EASD, order `gate`) if the EASD rule fires, emit `target[j].easd_token` and stop.
 /// 2. SD test — greedy: accept iff x = argmax p_j. Sampling: accept iff
 ///    u · q_j(x) < p_j(x) (u < p/q without a division), u = uniform(seed, position,
-///    AcceptTest), q_j(x) = draft[j].proposal.prob(x), p_j(x) = target[j].draft_token_prob;
+///    AcceptTest), q_j(x) = `draft[j].proposal.prob(x)`, p_j(x) = `target[j].draft_token_prob`;
 ///    i.e. with probability min(1, p/q). On rejection emit
-///    target[j].residual_token (a sample of norm(max(0, p_j − q_j)); greedy: argmax p_j), stop.
+///    `target[j].residual_token` (a sample of norm(max(0, p_j − q_j)); greedy: argmax p_j), stop.
 /// 3. (EASD, order `after_sd`) if the EASD rule fires on the accepted x, emit
-///    target[j].easd_token (p_j with x masked or scaled; greedy: the target's best other token)
+///    `target[j].easd_token` (p_j with x masked or scaled; greedy: the target's best other token)
 ///    and stop: the rest of the block is discarded.
 /// 4. Otherwise keep x.
 ///
-/// If all k are kept, emit the bonus target[k].sample_token. Modes `target` and `draft` do
-/// not speculate: `target` emits target[0].sample_token as a bonus; `draft` keeps every
+/// If all k are kept, emit the bonus `target[k].sample_token`. Modes `target` and `draft` do
+/// not speculate: `target` emits `target[0].sample_token` as a bonus; `draft` keeps every
 /// draft token (or, with an empty draft, behaves as `target`).
 ///
 /// Precondition target.len() == draft.len() + 1 (checked by [`check_block`]); with fewer
