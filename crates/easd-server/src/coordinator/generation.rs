@@ -300,6 +300,9 @@ impl Generation {
                 }
             }
             let replica = self.draft.as_ref().expect("leased above").replica.clone();
+            if attempt > 1 {
+                self.metrics.inc_retry("draft");
+            }
             let result = match pool.ensure_checked(&replica).await {
                 Ok(()) => self.propose_on(&replica, count).await.map_err(|s| call_error(&replica.url, s)),
                 Err(e) => Err(e),
@@ -319,11 +322,9 @@ impl Generation {
                 Err(ServerError::Worker(s)) if session_lost(&s) && attempt <= pool.config.backoff.max_attempts => {
                     tracing::info!(session = %self.session_id, status = %s.message(), "draft lost the session; resending the full context");
                     self.draft_synced = 0;
-                    self.metrics.inc_retry("draft");
                 }
                 Err(e) if is_transport_failure(&e) || matches!(e, ServerError::Incompatible(_)) => {
                     tracing::warn!(session = %self.session_id, error = %e, "draft replica failed");
-                    self.metrics.inc_retry("draft");
                     replica.mark_failed();
                     failed.push(replica.url.clone());
                     self.draft = None;
@@ -370,9 +371,6 @@ impl Generation {
         let backoff = pool.config.backoff;
         let mut last_error = None;
         for attempt in 1..=backoff.max_attempts {
-            if attempt > 1 {
-                self.metrics.inc_retry("verifier");
-            }
             if self.verifier.is_none() {
                 let failed_url = last_error.as_ref().map(|(url, _): &(String, ServerError)| url.clone());
                 let exclude: Vec<String> = failed_url.into_iter().collect();
@@ -398,6 +396,9 @@ impl Generation {
                 }
             }
             let replica = self.verifier.as_ref().expect("leased above").replica.clone();
+            if attempt > 1 {
+                self.metrics.inc_retry("verifier");
+            }
             let result = match pool.ensure_checked(&replica).await {
                 Ok(()) => self.verify_on(&replica, block).await.map_err(|s| call_error(&replica.url, s)),
                 Err(e) => Err(e),
