@@ -13,14 +13,14 @@ cargo fmt --all -- --check
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast
 
-if [ -x tests/openai/run.sh ]; then
+if [ -f tests/openai/run.sh ]; then
   step "OpenAI API tests (official openai client)"
-  tests/openai/run.sh
+  bash tests/openai/run.sh
 fi
 
-if [ -x deploy/check.sh ]; then
+if [ -f deploy/check.sh ]; then
   step "deployment manifests (docker compose config, kubernetes-validate)"
-  deploy/check.sh
+  bash deploy/check.sh
 fi
 
 step "all tests passed"
