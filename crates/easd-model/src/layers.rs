@@ -41,6 +41,32 @@ impl Linear {
     }
 }
 
+/// Several projections of one input in a single kernel call (one input quantization, one
+/// parallel region) when candle has a fused kernel for them (x86 AVX-512 VNNI, same dtype and
+/// padding); None otherwise. Biases are added here like in [`Linear::forward`].
+fn fused(ls: &[&Linear], x: &Tensor) -> Result<Option<Vec<Tensor>>> {
+    let pad = ls[0].in_pad;
+    let mut ts = Vec::with_capacity(ls.len());
+    for l in ls {
+        match &l.weight {
+            QMatMul::QTensor(t) if l.in_pad == pad => ts.push(t.as_ref()),
+            _ => return Ok(None),
+        }
+    }
+    let x = if pad > 0 { x.pad_with_zeros(candle_core::D::Minus1, 0, pad)? } else { x.clone() };
+    let Some(outs) = candle_core::quantized::QTensor::gemv_fused_shared_lhs(&ts, &x)? else {
+        return Ok(None);
+    };
+    let mut res = Vec::with_capacity(outs.len());
+    for (y, l) in outs.into_iter().zip(ls) {
+        res.push(match &l.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        });
+    }
+    Ok(Some(res))
+}
+
 pub(crate) struct Mlp {
     pub gate: Linear,
     pub up: Linear,
@@ -49,8 +75,14 @@ pub(crate) struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
-        let up = self.up.forward(x)?;
+        let (gate, up) = match fused(&[&self.gate, &self.up], x)? {
+            Some(mut out) => {
+                let up = out.pop().expect("two outputs");
+                (out.pop().expect("two outputs"), up)
+            }
+            None => (self.gate.forward(x)?, self.up.forward(x)?),
+        };
+        let gate = candle_nn::ops::silu(&gate)?;
         self.down.forward(&(gate * up)?)
     }
 }
@@ -80,9 +112,17 @@ impl Attention {
         let heads = |t: Tensor, n: usize| -> Result<Tensor> {
             Ok(t.reshape((b, seq, n, self.head_dim))?.transpose(1, 2)?.contiguous()?)
         };
-        let q = heads(self.q.forward(x)?, self.n_heads)?;
-        let k = heads(self.k.forward(x)?, self.n_kv_heads)?;
-        let v = heads(self.v.forward(x)?, self.n_kv_heads)?;
+        let (q, k, v) = match fused(&[&self.q, &self.k, &self.v], x)? {
+            Some(mut out) => {
+                let v = out.pop().expect("three outputs");
+                let k = out.pop().expect("three outputs");
+                (out.pop().expect("three outputs"), k, v)
+            }
+            None => (self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?),
+        };
+        let q = heads(q, self.n_heads)?;
+        let k = heads(k, self.n_kv_heads)?;
+        let v = heads(v, self.n_kv_heads)?;
         let q = rope.apply(&q, start)?;
         let k = rope.apply(&k, start)?;
         let (k_all, v_all) = cache.append(layer, &k, &v)?;
