@@ -214,8 +214,12 @@ async fn metrics_move_with_the_requests_summaries() {
     let verifier = worker_with("verifier", &pair.target, &flag(verifier_m), &[]);
     wait_serving(&draft.url()).await;
     wait_serving(&verifier.url()).await;
-    let coord = coordinator_with(&pair, &draft, &verifier, &flag(coord_m), &[]);
+    // The coordinator also serves the OpenAI-compatible HTTP API, as docker-compose and Kubernetes run it.
+    let http_port = free_port();
+    let coord_flags = [flag(coord_m), vec![format!("--http-listen=127.0.0.1:{http_port}")]].concat();
+    let coord = coordinator_with(&pair, &draft, &verifier, &coord_flags, &[]);
     wait_serving(&coord.url()).await;
+    http_get(SocketAddr::from(([127, 0, 0, 1], http_port)), "/health").await;
 
     // Two sd and two easd requests (one with thresholds at zero, so the entropy rule fires), and a refused one.
     let easd = |params: Option<pb::EasdParams>| pb::GenerateRequest {
