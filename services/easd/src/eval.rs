@@ -1,0 +1,257 @@
+//! `easd calibrate`, `easd eval`, `easd sweep`: the evaluation harness (crate `easd-eval`) on the command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use easd_eval::{
+    BarProgress, CalibrationConfig, CalibrationFile, CoordinatorGenerator, EasdOrder, EasdSettings, EvalConfig, Mode,
+    ModelScorer, ReportContext, Sampling, SweepConfig, run_calibration, run_eval, run_sweep, write_report,
+    write_sweep_report,
+};
+use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
+use easd_server::local::LocalOptions;
+
+use crate::ask::{EasdArgs, OrderArg};
+use crate::stack::LocalArgs;
+
+const DEFAULT_DATASET: &str = "../shared/data/gsm8k/train.jsonl";
+
+/// Sampling and decoding settings shared by eval and sweep.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// GSM8K-format JSONL (question, answer ending in "#### N").
+    #[arg(long, default_value = DEFAULT_DATASET, env = "EASD_DATASET")]
+    pub dataset: PathBuf,
+    /// Results and report directory (results.jsonl is appended to and resumed from).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    pub offset: usize,
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Requests in flight at once (1 gives clean per-request wall-clock figures).
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+    /// Base seed; problem i uses seed + i in every mode.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(short = 'k', long, default_value_t = 4)]
+    pub k: u32,
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: u32,
+    /// Calibration file: its entropy distribution goes into the report's entropy plot.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Coordinator URL; without it the whole stack starts in this process.
+    #[arg(long)]
+    pub coordinator: Option<String>,
+    #[command(flatten)]
+    pub local: LocalArgs,
+}
+
+impl RunArgs {
+    fn eval_config(&self) -> EvalConfig {
+        let mut config = EvalConfig::new(&self.dataset, self.out.join("results.jsonl"));
+        config.offset = self.offset;
+        config.limit = self.limit;
+        config.concurrency = self.concurrency;
+        config.sampling =
+            Sampling { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p, seed: self.seed };
+        config.k = self.k;
+        config.max_tokens = self.max_tokens;
+        config
+    }
+
+    fn setup(&self, command: &str) -> Vec<String> {
+        vec![
+            format!("command: `{command}`"),
+            format!(
+                "dataset {} (offset {}, limit {:?}); temperature {}, top_p {}, top_k {}, seed {}, k {}, max_tokens {}",
+                self.dataset.display(),
+                self.offset,
+                self.limit,
+                self.temperature,
+                self.top_p,
+                self.top_k,
+                self.seed,
+                self.k,
+                self.max_tokens
+            ),
+        ]
+    }
+
+    /// Connects to the coordinator, or starts one here; the stack (if any) must outlive the run.
+    async fn generator(&self) -> anyhow::Result<(CoordinatorGenerator, Option<easd_server::local::LocalStack>)> {
+        let (url, stack) = match &self.coordinator {
+            Some(url) => (url.clone(), None),
+            None => {
+                let stack = self.local.start(LocalOptions::default()).await?;
+                (stack.coordinator_url.clone(), Some(stack))
+            }
+        };
+        let generator = CoordinatorGenerator::connect(&url, Duration::from_secs(3600)).await?;
+        Ok((generator, stack))
+    }
+}
+
+fn easd_settings(args: &EasdArgs) -> EasdSettings {
+    EasdSettings {
+        top_n: args.top_n,
+        rho: args.rho,
+        tau_draft: args.tau_draft,
+        tau_target: args.tau_target,
+        order: args.order.map(|o| match o {
+            OrderArg::AfterSd => EasdOrder::AfterSd,
+            OrderArg::Gate => EasdOrder::Gate,
+        }),
+        penalty_alpha: args.penalty_alpha,
+    }
+}
+
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// Modes to compare, comma-separated.
+    #[arg(long, default_value = "draft,target,sd,easd")]
+    pub modes: String,
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub easd: EasdArgs,
+}
+
+pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
+    let modes = Mode::parse_list(&args.modes)?;
+    let config = args.run.eval_config().with_modes(&modes, &easd_settings(&args.easd));
+    let (generator, stack) = args.run.generator().await?;
+    let result = run_eval(&config, &generator, &BarProgress::new()).await;
+    if let Some(stack) = stack {
+        stack.shutdown().await;
+    }
+    let run = result?;
+    eprintln!("{} generated, {} resumed, {:.0} s", run.generated, run.resumed, run.elapsed_s);
+    let calibration = args.run.calibration.as_deref().map(CalibrationFile::load).transpose()?;
+    let context =
+        ReportContext { title: "EASD evaluation".into(), setup: args.run.setup(&command_line()), ..Default::default() };
+    let files = write_report(&args.run.out, &run.records, context, calibration.as_ref())?;
+    println!("report: {}", files.markdown.display());
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SweepArgs {
+    /// Calibration file giving τ at each percentile.
+    #[arg(long)]
+    pub tau_calibration: PathBuf,
+    /// Entropy percentiles for τ_draft/τ_target, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "80,90,95")]
+    pub percentiles: Vec<f64>,
+    #[arg(long, value_delimiter = ',', default_value = "0.6,0.8")]
+    pub rhos: Vec<f32>,
+    #[arg(long, value_delimiter = ',', default_value = "5")]
+    pub top_ns: Vec<u32>,
+    /// Allow the slice to reach into the held-out lines.
+    #[arg(long)]
+    pub allow_held_out: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+pub async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
+    let calibration = CalibrationFile::load(&args.tau_calibration)?;
+    let mut config = SweepConfig::new(args.run.eval_config());
+    // SweepConfig::new picks the development slice; explicit flags win.
+    if args.run.offset != 0 {
+        config.eval.offset = args.run.offset;
+    }
+    if args.run.limit.is_some() {
+        config.eval.limit = args.run.limit;
+    }
+    config.grid.tau_percentiles = args.percentiles.clone();
+    config.grid.rhos = args.rhos.clone();
+    config.grid.top_ns = args.top_ns.clone();
+    config.allow_held_out = args.allow_held_out;
+    let (generator, stack) = args.run.generator().await?;
+    let result = run_sweep(&config, &calibration, &generator, &BarProgress::new()).await;
+    if let Some(stack) = stack {
+        stack.shutdown().await;
+    }
+    let sweep = result?;
+    let context =
+        ReportContext { title: "EASD sweep".into(), setup: args.run.setup(&command_line()), ..Default::default() };
+    let files = write_sweep_report(&args.run.out, &sweep, context)?;
+    println!("report: {}", files.markdown.display());
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CalibrateArgs {
+    /// JSONL with a question field (GSM8K format for teacher forcing on the reference answer).
+    #[arg(long, default_value = DEFAULT_DATASET, env = "EASD_DATASET")]
+    pub dataset: PathBuf,
+    /// Where to write the calibration file (JSON).
+    #[arg(long, default_value = "calibration.json")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 100)]
+    pub questions: usize,
+    /// Percentile of each model's entropy distribution recommended as τ.
+    #[arg(long, default_value_t = 90.0)]
+    pub percentile: f64,
+    /// The evaluation temperature (entropies are measured at it; 0 means greedy, measured at 1).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value = "draft")]
+    pub draft_model: String,
+    #[arg(long, default_value = "target")]
+    pub target_model: String,
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
+    let dir = args.models_dir.clone().unwrap_or_else(default_models_dir);
+    let load = LoadOptions { device: parse_device(&args.device)?, ..LoadOptions::default() };
+    let draft_path = resolve_model(&args.draft_model, &dir, true)?;
+    let target_path = resolve_model(&args.target_model, &dir, true)?;
+    let draft = ModelScorer::load(&draft_path, &load).context("loading the draft")?;
+    let target = ModelScorer::load(&target_path, &load).context("loading the target")?;
+    let mut config = CalibrationConfig::new(&args.dataset);
+    config.questions = args.questions;
+    config.percentile = args.percentile;
+    config.temperature = if args.temperature == 0.0 { 1.0 } else { args.temperature };
+    config.seed = args.seed;
+    let bar = indicatif::ProgressBar::new(args.questions as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} questions [{elapsed_precise} < {eta_precise}]")
+            .expect("valid template"),
+    );
+    let file = run_calibration(&config, &draft, &target, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish();
+    file.save(&args.out)?;
+    let r = &file.recommended;
+    println!(
+        "wrote {}: τ_draft {:.3}, τ_target {:.3} (p{})",
+        args.out.display(),
+        r.tau_draft,
+        r.tau_target,
+        r.percentile
+    );
+    Ok(())
+}
