@@ -468,4 +468,30 @@ mod tests {
         drop(second);
         assert_eq!(live_sessions(&metrics, one).as_deref(), Some("0"));
     }
+
+    #[tokio::test]
+    async fn admission_queues_boundedly_and_refuses_beyond_the_queue() {
+        let urls = ["127.0.0.1:1".to_owned()];
+        let config = PoolConfig { max_sessions_per_replica: 1, max_queue: 1, ..PoolConfig::default() };
+        let pool = Pool::new(Role::Verifier, &urls, "fp", config, None).unwrap();
+        pool.replicas()[0].healthy.store(true, Ordering::Relaxed);
+        let running = pool.admit().await.unwrap();
+        // The replica is full: the next session waits in the queue…
+        let waiting = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.admit().await.map(|lease| lease.replica.url.clone()) }
+        });
+        while pool.queued() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // …and one more finds the queue full.
+        match pool.admit().await {
+            Err(ServerError::ResourceExhausted(msg)) => assert!(msg.contains("queue is full"), "{msg}"),
+            other => panic!("expected RESOURCE_EXHAUSTED, got {:?}", other.map(|l| l.replica.url.clone())),
+        }
+        // When the running session ends, the queued one gets the slot.
+        drop(running);
+        assert_eq!(waiting.await.unwrap().unwrap(), "http://127.0.0.1:1");
+        assert_eq!(pool.queued(), 0);
+    }
 }
