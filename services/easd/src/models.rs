@@ -11,6 +11,15 @@ pub enum ModelsCommand {
     Pull(PullArgs),
     /// Show which default models are present and verified.
     List(DirArg),
+    /// Write the tiny test pair (random weights, fixed seeds): tiny-draft.gguf and tiny-target.gguf.
+    Tiny(TinyArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TinyArgs {
+    /// Folder to write into (created if missing).
+    #[arg(long)]
+    pub dir: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -48,7 +57,20 @@ pub fn run(cmd: ModelsCommand) -> anyhow::Result<()> {
     match cmd {
         ModelsCommand::Pull(args) => pull(args),
         ModelsCommand::List(dir) => list_models(dir),
+        ModelsCommand::Tiny(args) => tiny(args),
     }
+}
+
+/// The same pair the end-to-end tests use: the draft is the target with noise, so they agree often but not always.
+fn tiny(args: TinyArgs) -> anyhow::Result<()> {
+    use easd_model::{TinySpec, write_tiny_gguf};
+    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
+    let target = args.dir.join("tiny-target.gguf");
+    let draft = args.dir.join("tiny-draft.gguf");
+    write_tiny_gguf(&target, &TinySpec::qwen2(7))?;
+    write_tiny_gguf(&draft, &TinySpec { perturbation: Some((8, 0.3)), ..TinySpec::qwen2(7) })?;
+    println!("{}\n{}", draft.display(), target.display());
+    Ok(())
 }
 
 fn pull(args: PullArgs) -> anyhow::Result<()> {
