@@ -229,17 +229,25 @@ async fn evicted_sessions_are_rebuilt_transparently() {
         limits: SessionLimits { budget_bytes: 1, ..SessionLimits::default() },
         ..LocalOptions::default()
     };
+    // Several long sessions polled together, so their requests interleave and idle sessions get evicted.
+    let prompts = ["alpha beta", "gamma delta", "epsilon zeta"];
     let reference_stack = stack(&models, LocalOptions::default()).await;
-    let a = generate(&reference_stack.coordinator_url, request("alpha beta", pb::Mode::Sd, 20)).await.unwrap();
-    let b = generate(&reference_stack.coordinator_url, request("gamma delta", pb::Mode::Sd, 20)).await.unwrap();
+    let mut expected = Vec::new();
+    for p in prompts {
+        expected.push(generate(&reference_stack.coordinator_url, request(p, pb::Mode::Sd, 48)).await.unwrap().tokens);
+    }
     reference_stack.shutdown().await;
 
     let stack = stack(&models, tight).await;
-    let (url1, url2) = (stack.coordinator_url.clone(), stack.coordinator_url.clone());
-    let h1 = tokio::spawn(async move { generate(&url1, request("alpha beta", pb::Mode::Sd, 20)).await });
-    let h2 = tokio::spawn(async move { generate(&url2, request("gamma delta", pb::Mode::Sd, 20)).await });
-    assert_eq!(h1.await.unwrap().unwrap().tokens, a.tokens);
-    assert_eq!(h2.await.unwrap().unwrap().tokens, b.tokens);
+    let url = &stack.coordinator_url;
+    let (r0, r1, r2) = tokio::join!(
+        generate(url, request(prompts[0], pb::Mode::Sd, 48)),
+        generate(url, request(prompts[1], pb::Mode::Sd, 48)),
+        generate(url, request(prompts[2], pb::Mode::Sd, 48)),
+    );
+    for (i, r) in [r0, r1, r2].into_iter().enumerate() {
+        assert_eq!(r.unwrap().tokens, expected[i], "session {i} is unchanged by evictions");
+    }
     let evictions =
         stack.verifier_workers[0].sessions.stats().evictions + stack.draft_worker.sessions.stats().evictions;
     assert!(evictions > 0, "the tight budget evicted sessions");
