@@ -2,6 +2,7 @@
 //! the shutdown signal, and the coordinator's EASD defaults ([`defaults`]).
 
 pub mod defaults;
+pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

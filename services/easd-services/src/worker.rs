@@ -1,0 +1,64 @@
+//! What the two worker binaries share: flags, model loading and serving.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
+use easd_server::{SessionLimits, Worker, local::load_model, serve};
+
+use crate::{MetricsArgs, ServerTlsArgs, shutdown_signal};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Draft,
+    Verifier,
+}
+
+/// Flags both workers take besides their address and model.
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    /// cpu | cuda | cuda:N
+    #[arg(long, default_value = "cpu", env = "EASD_DEVICE")]
+    pub device: String,
+    /// Keep Q5_0/Q5_1/Q4_1 tensors as they are instead of re-quantizing them to Q8_0.
+    #[arg(long)]
+    pub no_requantize: bool,
+    /// Memory budget for all session KV caches, in MiB.
+    #[arg(long, default_value_t = 4096, env = "EASD_KV_BUDGET_MIB")]
+    pub kv_budget_mib: usize,
+    /// Sessions idle for longer are dropped, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub idle_timeout_s: u64,
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+}
+
+/// Loads the model and serves the worker until SIGTERM / Ctrl-C.
+pub async fn run_worker(role: Role, listen: SocketAddr, model: &str, args: WorkerArgs) -> anyhow::Result<()> {
+    let name = match role {
+        Role::Draft => "draft",
+        Role::Verifier => "verifier",
+    };
+    let options = args.tls.options(None)?;
+    let metrics = args.metrics.bind().await?;
+    let path = resolve_model(model, &default_models_dir(), false).context("resolving the model")?;
+    let load =
+        LoadOptions { device: parse_device(&args.device)?, requantize: !args.no_requantize, ..LoadOptions::default() };
+    let model = load_model(&path, &load).await.with_context(|| format!("loading {}", path.display()))?;
+    let limits = SessionLimits {
+        budget_bytes: args.kv_budget_mib << 20,
+        idle_timeout: Duration::from_secs(args.idle_timeout_s),
+    };
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let worker = Worker::new(model, limits, name);
+    metrics.serve(worker.metrics().registry());
+    tracing::info!(addr = %listen, model = %path.display(), role = name, "worker serving");
+    match role {
+        Role::Draft => serve::serve_draft(listener, worker, &options, shutdown_signal()).await,
+        Role::Verifier => serve::serve_verifier(listener, worker, &options, shutdown_signal()).await,
+    }
+    .context("serving")
+}
