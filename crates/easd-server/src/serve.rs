@@ -80,22 +80,45 @@ fn reflection()
         .expect("the embedded descriptor sets are valid")
 }
 
+/// Serves `service` with the standard health (reported serving) and reflection services until `shutdown`.
+async fn serve_with_standard_services<S>(
+    listener: TcpListener,
+    service: S,
+    options: &ServerOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<tonic::body::Body>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_service_status(S::NAME, tonic_health::ServingStatus::Serving).await;
+    options
+        .builder()?
+        .add_service(health)
+        .add_service(reflection())
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
 pub async fn serve_draft(
     listener: TcpListener,
     worker: Arc<Worker>,
     options: &ServerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<DraftServer<DraftService>>().await;
     worker.spawn_idle_sweeper();
-    options
-        .builder()?
-        .add_service(health)
-        .add_service(reflection())
-        .add_service(DraftServer::new(DraftService::new(worker)).max_decoding_message_size(MAX_MESSAGE_BYTES))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
+    let service = DraftServer::new(DraftService::new(worker)).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    serve_with_standard_services(listener, service, options, shutdown).await
 }
 
 pub async fn serve_verifier(
@@ -104,16 +127,9 @@ pub async fn serve_verifier(
     options: &ServerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<VerifierServer<VerifierService>>().await;
     worker.spawn_idle_sweeper();
-    options
-        .builder()?
-        .add_service(health)
-        .add_service(reflection())
-        .add_service(VerifierServer::new(VerifierService::new(worker)).max_decoding_message_size(MAX_MESSAGE_BYTES))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
+    let service = VerifierServer::new(VerifierService::new(worker)).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    serve_with_standard_services(listener, service, options, shutdown).await
 }
 
 pub async fn serve_coordinator(
@@ -122,11 +138,12 @@ pub async fn serve_coordinator(
     options: &ServerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<CoordinatorServer<CoordinatorService>>().await;
     let auth = BearerAuth { expected: options.api_token.clone() };
     let service =
         CoordinatorServer::new(CoordinatorService::new(coordinator)).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    // The interceptor changes the response body type, so this one is wired by hand.
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<CoordinatorServer<CoordinatorService>>().await;
     options
         .builder()?
         .add_service(health)
