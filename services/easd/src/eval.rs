@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use easd_eval::{
-    BarProgress, CalibrationConfig, CalibrationFile, CoordinatorGenerator, EasdOrder, EasdSettings, EvalConfig, Mode,
-    ModelScorer, ReportContext, Sampling, SweepConfig, run_calibration, run_eval, run_sweep, write_report,
-    write_sweep_report,
+    BarProgress, CalibrationConfig, CalibrationFile, CalibrationText, CoordinatorGenerator, EasdOrder, EasdSettings,
+    EvalConfig, Mode, ModelScorer, ReportContext, Sampling, SweepConfig, run_calibration, run_eval, run_sweep,
+    write_report, write_sweep_report,
 };
 use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
 use easd_server::local::LocalOptions;
@@ -194,6 +194,12 @@ pub async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum TextArg {
+    Reference,
+    TargetGreedy,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct CalibrateArgs {
     /// JSONL with a question field (GSM8K format for teacher forcing on the reference answer).
@@ -212,6 +218,10 @@ pub struct CalibrateArgs {
     pub temperature: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Text the models are teacher-forced on: the dataset's reference solution, or the target's own greedy answer
+    /// (one generation per question, slower; its entropies are the ones EASD sees at generation time).
+    #[arg(long, value_enum, default_value_t = TextArg::Reference)]
+    pub text: TextArg,
     #[arg(long, default_value = "draft")]
     pub draft_model: String,
     #[arg(long, default_value = "target")]
@@ -234,6 +244,10 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
     config.percentile = args.percentile;
     config.temperature = if args.temperature == 0.0 { 1.0 } else { args.temperature };
     config.seed = args.seed;
+    config.text = match args.text {
+        TextArg::Reference => CalibrationText::Reference,
+        TextArg::TargetGreedy => CalibrationText::TargetGreedy,
+    };
     let bar = indicatif::ProgressBar::new(args.questions as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} questions [{elapsed_precise} < {eta_precise}]")
