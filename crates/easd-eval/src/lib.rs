@@ -43,7 +43,7 @@ pub use generator::{
 pub use grpc::{CoordinatorDescription, CoordinatorGenerator};
 pub use model_scorer::ModelScorer;
 pub use output::{ReportFiles, write_report};
-pub use plots::{EntropyPanel, SweepSeries, accuracy_plot, entropy_plot, sweep_plot};
+pub use plots::{EntropyPanel, SweepPlotPoint, SweepSeries, accuracy_plot, entropy_plot, sweep_plot};
 pub use progress::{BarProgress, NoProgress, Progress};
 pub use report::{PairTest, Report, ReportContext, VariantStats, render_markdown, summarize};
 pub use results::{ResultRecord, ResultsFile, read_results};

@@ -29,8 +29,9 @@ pub struct ReportFiles {
 ///
 /// The entropy plot compares, per model, the entropies at positions where EASD triggered (the `triggers` of every
 /// `easd` record's Summary) with the distribution over all positions. The coordinator reports entropies only at
-/// triggers, so "all positions" comes from the calibration file's histogram (teacher-forced on reference solutions,
-/// at least ~94% of which are non-triggered positions); without a calibration file only the triggered curve is drawn.
+/// triggers, so "all positions" comes from the calibration file's histogram (teacher-forced on reference solutions
+/// or the target's greedy answers, mostly non-triggered positions); without a calibration file only the triggered
+/// curve is drawn.
 pub fn write_report(
     dir: &Path,
     records: &[ResultRecord],
@@ -47,22 +48,32 @@ pub fn write_report(
     if let Some(panels) = entropy_panels(records, calibration) {
         let path = dir.join("entropy.svg");
         entropy_plot(&path, &panels)?;
-        context.plots.push((
-            "Entropy at EASD-triggered positions vs all positions (calibration, teacher-forced)".into(),
-            "entropy.svg".into(),
-        ));
-        context.notes.push(ENTROPY_NOTE.into());
+        context
+            .plots
+            .push(("Entropy at EASD-triggered positions vs all positions (calibration)".into(), "entropy.svg".into()));
+        context.notes.push(entropy_note(calibration));
         plots.push(path);
     }
     let files = write_text_files(dir, &report, &context)?;
     Ok(ReportFiles { plots, ..files })
 }
 
-const ENTROPY_NOTE: &str = "**Entropy plot.** Triggered positions: the draft and target entropies the coordinator \
-    reported for every EASD trigger in this run. All positions: the calibration file's per-token entropy histogram \
-    (one teacher-forced forward per model over prompt + reference solution, at the evaluation temperature). The two \
-    come from different token sequences (model outputs vs reference solutions); the comparison shows where in the \
-    entropy distribution the rule acts, not a matched pair.";
+/// The note under the entropy plot; the "all positions" curve is described by the calibration file's own method.
+fn entropy_note(calibration: Option<&CalibrationFile>) -> String {
+    let all_positions = match calibration {
+        Some(file) => format!(
+            " All positions: the calibration file's per-token entropy histogram ({}, temperature {}). The two come from \
+             different token sequences; the comparison shows where in the entropy distribution the rule acts, not a \
+             matched pair.",
+            file.method, file.temperature
+        ),
+        None => " No calibration file was given, so only the triggered positions are drawn.".into(),
+    };
+    format!(
+        "**Entropy plot.** Triggered positions: the draft and target entropies the coordinator reported for every EASD \
+         trigger in this run.{all_positions}"
+    )
+}
 
 /// Writes `report.md` and `report.json` for an already summarised report.
 pub(crate) fn write_text_files(dir: &Path, report: &Report, context: &ReportContext) -> Result<ReportFiles> {

@@ -73,26 +73,45 @@ pub fn accuracy_plot(path: &Path, report: &Report) -> Result<()> {
     Ok(())
 }
 
-/// One line of a sweep plot: accuracy (with interval) against the swept x value.
+/// One grid point of a sweep plot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepPlotPoint {
+    /// The swept parameter's value (e.g. the τ percentile).
+    pub x: f64,
+    /// In [0, 1].
+    pub accuracy: f64,
+    pub interval: Interval,
+    /// EASD triggers per generated token, in [0, 1].
+    pub trigger_rate: f64,
+}
+
+/// One line of a sweep plot: the points of one (ρ, N) against the swept x value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepSeries {
     pub name: String,
-    /// (x, accuracy, interval), accuracy in [0, 1].
-    pub points: Vec<(f64, f64, Interval)>,
+    pub points: Vec<SweepPlotPoint>,
 }
 
-/// Accuracy against an EASD parameter, one line per series, with a dashed baseline (e.g. `sd`) when given.
+/// Two panels against an EASD parameter, one line per series: accuracy (with intervals and a dashed baseline such
+/// as `sd` when given) and the trigger rate, the cost side of the choice (each trigger discards the draft's tail).
 pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: Option<(&str, f64)>) -> Result<()> {
-    let root = SVGBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
+    let root = SVGBackend::new(path, (WIDTH + WIDTH / 3, HEIGHT)).into_drawing_area();
     tryp!(path, root.fill(&WHITE));
-    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let (left, right) = root.split_horizontally((WIDTH + WIDTH / 3) / 2);
+    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
     let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
     let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (0.0, 1.0) };
     let pad = ((hi - lo) * 0.1).max(1.0);
+    let sorted = |s: &SweepSeries| {
+        let mut points = s.points.clone();
+        points.sort_by(|a, b| a.x.total_cmp(&b.x));
+        points
+    };
+
     let mut chart = tryp!(
         path,
-        ChartBuilder::on(&root)
-            .caption(format!("Accuracy vs {x_desc}"), ("sans-serif", 22))
+        ChartBuilder::on(&left)
+            .caption(format!("Accuracy vs {x_desc}"), ("sans-serif", 20))
             .margin(16)
             .x_label_area_size(50)
             .y_label_area_size(60)
@@ -108,22 +127,39 @@ pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: O
     }
     for (i, s) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let mut points = s.points.clone();
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let line = LineSeries::new(points.iter().map(|p| (p.0, 100.0 * p.1)), color.stroke_width(2));
+        let points = sorted(s);
+        let line = LineSeries::new(points.iter().map(|p| (p.x, 100.0 * p.accuracy)), color.stroke_width(2));
         tryp!(path, chart.draw_series(line))
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        tryp!(
-            path,
-            chart.draw_series(
-                points
-                    .iter()
-                    .map(|p| { ErrorBar::new_vertical(p.0, 100.0 * p.2.low, 100.0 * p.1, 100.0 * p.2.high, color, 8) })
-            )
-        );
+        let bars = points.iter().map(|p| {
+            ErrorBar::new_vertical(p.x, 100.0 * p.interval.low, 100.0 * p.accuracy, 100.0 * p.interval.high, color, 8)
+        });
+        tryp!(path, chart.draw_series(bars));
     }
     tryp!(path, chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw());
+
+    let top = series.iter().flat_map(|s| s.points.iter().map(|p| 100.0 * p.trigger_rate)).fold(0.0, f64::max);
+    let mut chart = tryp!(
+        path,
+        ChartBuilder::on(&right)
+            .caption(format!("EASD trigger rate vs {x_desc}"), ("sans-serif", 20))
+            .margin(16)
+            .x_label_area_size(50)
+            .y_label_area_size(60)
+            .build_cartesian_2d((lo - pad)..(hi + pad), 0f64..(top * 1.2).max(1.0))
+    );
+    tryp!(
+        path,
+        chart.configure_mesh().label_style(("sans-serif", 14)).x_desc(x_desc).y_desc("triggers per token (%)").draw()
+    );
+    for (i, s) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let points = sorted(s);
+        let line = LineSeries::new(points.iter().map(|p| (p.x, 100.0 * p.trigger_rate)), color.stroke_width(2));
+        tryp!(path, chart.draw_series(line));
+        tryp!(path, chart.draw_series(points.iter().map(|p| Circle::new((p.x, 100.0 * p.trigger_rate), 4, color))));
+    }
     tryp!(path, root.present());
     Ok(())
 }

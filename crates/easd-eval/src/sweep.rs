@@ -15,7 +15,7 @@ use crate::dataset::{load_problems, slice};
 use crate::error::{Error, Result};
 use crate::generator::{EasdSettings, Generator, Mode};
 use crate::output::{ReportFiles, write_text_files};
-use crate::plots::{SweepSeries, accuracy_plot, sweep_plot};
+use crate::plots::{SweepPlotPoint, SweepSeries, accuracy_plot, sweep_plot};
 use crate::progress::Progress;
 use crate::report::{ReportContext, summarize};
 use crate::run::{EvalConfig, EvalRun, Variant, run_problems};
@@ -147,7 +147,7 @@ pub async fn run_sweep<G: Generator>(
 }
 
 /// Writes the sweep report into `dir`: the standard tables for every variant, a sweep table, `accuracy.svg` and
-/// `sweep.svg` (accuracy vs τ percentile, one line per (ρ, N), the first baseline dashed).
+/// `sweep.svg` (accuracy and trigger rate vs τ percentile, one line per (ρ, N), the first baseline dashed).
 pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportContext) -> Result<ReportFiles> {
     std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
     let report = summarize(&sweep.run.records);
@@ -181,7 +181,12 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
             p_vs_base
         );
         let name = format!("ρ = {}, N = {}", point.rho, point.top_n);
-        let entry = (point.tau_percentile, v.accuracy, v.interval);
+        let entry = SweepPlotPoint {
+            x: point.tau_percentile,
+            accuracy: v.accuracy,
+            interval: v.interval,
+            trigger_rate: v.trigger_rate.unwrap_or(0.0),
+        };
         match series.iter_mut().find(|s| s.name == name) {
             Some(s) => s.points.push(entry),
             None => series.push(SweepSeries { name, points: vec![entry] }),
@@ -196,7 +201,10 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
     let sweep_svg = dir.join("sweep.svg");
     sweep_plot(&sweep_svg, "τ percentile", &series, baseline.map(|b| (b.label.as_str(), b.accuracy)))?;
     context.plots.push(("Accuracy per variant with 95% Wilson intervals".into(), "accuracy.svg".into()));
-    context.plots.push(("Accuracy vs τ percentile per (ρ, N); dashed: baseline".into(), "sweep.svg".into()));
+    context.plots.push((
+        "Accuracy (dashed: baseline) and EASD trigger rate vs τ percentile per (ρ, N)".into(),
+        "sweep.svg".into(),
+    ));
     context.notes.insert(0, table);
     let files = write_text_files(dir, &report, &context)?;
     Ok(ReportFiles { plots: vec![accuracy, sweep_svg], ..files })
@@ -274,5 +282,6 @@ mod tests {
         assert!(md.contains("| easd-p90-rho0.8-n5 | 90 | 0.900 | 0.450 | 0.8 | 5 | 50.0% |"), "{md}");
         let svg = std::fs::read_to_string(dir.path().join("report/sweep.svg")).unwrap();
         assert!(svg.contains("ρ = 0.8, N = 5") && svg.contains("sd (baseline)"));
+        assert!(svg.contains("EASD trigger rate vs τ percentile"), "no trigger-rate panel");
     }
 }

@@ -77,6 +77,8 @@ fn the_report_folder_has_markdown_json_and_svg_plots() {
     ] {
         assert!(md.contains(needle), "missing {needle:?} in\n{md}");
     }
+    // The note under the entropy plot describes the calibration the "all positions" curve came from.
+    assert!(md.contains(&calibration.method), "the entropy note does not name {:?}", calibration.method);
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&files.json).unwrap()).unwrap();
     assert_eq!(json["variants"][3]["correct"], 19);
     assert_eq!(files.plots.len(), 2);

@@ -69,14 +69,15 @@ impl RunArgs {
         config
     }
 
-    fn setup(&self, command: &str) -> Vec<String> {
+    /// The report's setup lines; `config` is the run as executed (a sweep moves the slice to the development lines).
+    fn setup(&self, command: &str, config: &EvalConfig) -> Vec<String> {
+        let limit = config.limit.map_or_else(|| "all".to_string(), |n| n.to_string());
         vec![
             format!("command: `{command}`"),
             format!(
-                "dataset {} (offset {}, limit {:?}); temperature {}, top_p {}, top_k {}, seed {}, k {}, max_tokens {}",
+                "dataset {} (offset {}, limit {limit}); temperature {}, top_p {}, top_k {}, seed {}, k {}, max_tokens {}",
                 self.dataset.display(),
-                self.offset,
-                self.limit,
+                config.offset,
                 self.temperature,
                 self.top_p,
                 self.top_k,
@@ -141,8 +142,11 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let run = result?;
     eprintln!("{} generated, {} resumed, {:.0} s", run.generated, run.resumed, run.elapsed_s);
     let calibration = args.run.calibration.as_deref().map(CalibrationFile::load).transpose()?;
-    let context =
-        ReportContext { title: "EASD evaluation".into(), setup: args.run.setup(&command_line()), ..Default::default() };
+    let context = ReportContext {
+        title: "EASD evaluation".into(),
+        setup: args.run.setup(&command_line(), &config),
+        ..Default::default()
+    };
     let files = write_report(&args.run.out, &run.records, context, calibration.as_ref())?;
     println!("report: {}", files.markdown.display());
     Ok(())
@@ -187,8 +191,11 @@ pub async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         stack.shutdown().await;
     }
     let sweep = result?;
-    let context =
-        ReportContext { title: "EASD sweep".into(), setup: args.run.setup(&command_line()), ..Default::default() };
+    let context = ReportContext {
+        title: "EASD sweep".into(),
+        setup: args.run.setup(&command_line(), &config.eval),
+        ..Default::default()
+    };
     let files = write_sweep_report(&args.run.out, &sweep, context)?;
     println!("report: {}", files.markdown.display());
     Ok(())
