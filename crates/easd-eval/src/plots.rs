@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::error::{Error, Result};
@@ -110,12 +111,7 @@ pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: O
 
     let mut chart = tryp!(
         path,
-        ChartBuilder::on(&left)
-            .caption(format!("Accuracy vs {x_desc}"), ("sans-serif", 20))
-            .margin(16)
-            .x_label_area_size(50)
-            .y_label_area_size(60)
-            .build_cartesian_2d((lo - pad)..(hi + pad), 0f64..100f64)
+        sweep_panel(&left, format!("Accuracy vs {x_desc}")).build_cartesian_2d((lo - pad)..(hi + pad), 0f64..100f64)
     );
     tryp!(path, chart.configure_mesh().label_style(("sans-serif", 14)).x_desc(x_desc).y_desc("accuracy (%)").draw());
     if let Some((name, acc)) = baseline {
@@ -142,11 +138,7 @@ pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: O
     let top = series.iter().flat_map(|s| s.points.iter().map(|p| 100.0 * p.trigger_rate)).fold(0.0, f64::max);
     let mut chart = tryp!(
         path,
-        ChartBuilder::on(&right)
-            .caption(format!("EASD trigger rate vs {x_desc}"), ("sans-serif", 20))
-            .margin(16)
-            .x_label_area_size(50)
-            .y_label_area_size(60)
+        sweep_panel(&right, format!("EASD trigger rate vs {x_desc}"))
             .build_cartesian_2d((lo - pad)..(hi + pad), 0f64..(top * 1.2).max(1.0))
     );
     tryp!(
@@ -162,6 +154,16 @@ pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: O
     }
     tryp!(path, root.present());
     Ok(())
+}
+
+/// A sweep plot panel's builder: caption and label areas shared by both panels.
+fn sweep_panel<'a, 'b, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: String,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut builder = ChartBuilder::on(area);
+    builder.caption(caption, ("sans-serif", 20)).margin(16).x_label_area_size(50).y_label_area_size(60);
+    builder
 }
 
 /// Two entropy distributions of one model, as densities over the same bins.
