@@ -124,6 +124,18 @@ pub struct EasdSettings {
 }
 
 impl EasdSettings {
+    /// These settings with their unset fields taken from `defaults`: what the coordinator resolves a request to.
+    pub fn or(&self, defaults: &EasdSettings) -> EasdSettings {
+        EasdSettings {
+            top_n: self.top_n.or(defaults.top_n),
+            rho: self.rho.or(defaults.rho),
+            tau_draft: self.tau_draft.or(defaults.tau_draft),
+            tau_target: self.tau_target.or(defaults.tau_target),
+            order: self.order.or(defaults.order),
+            penalty_alpha: self.penalty_alpha.or(defaults.penalty_alpha),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), Error> {
         if let Some(n) = self.top_n
             && !(1..=64).contains(&n)

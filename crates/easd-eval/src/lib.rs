@@ -49,6 +49,6 @@ pub use report::{PairTest, Report, ReportContext, VariantStats, render_markdown,
 pub use results::{ResultRecord, ResultsFile, read_results};
 pub use run::{EvalConfig, EvalRun, PromptTemplate, Variant, run_eval, run_problems};
 pub use sweep::{
-    CALIBRATION_LINES, DEVELOPMENT_LINES, HELD_OUT_FROM, SweepConfig, SweepGrid, SweepPoint, SweepRun, run_sweep,
-    sweep_points, write_sweep_report,
+    CALIBRATION_LINES, DEVELOPMENT_LINES, HELD_OUT_FROM, SweepAxis, SweepConfig, SweepGrid, SweepPoint, SweepRun,
+    run_sweep, sweep_points, write_sweep_report,
 };

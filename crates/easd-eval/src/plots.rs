@@ -102,7 +102,9 @@ pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: O
     let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
     let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
     let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (0.0, 1.0) };
-    let pad = ((hi - lo) * 0.1).max(1.0);
+    // A tenth of the range, or a twentieth of the value when only one x was swept (ρ lives in [0, 1], τ percentiles
+    // near 100): the points stay off the frame on any axis.
+    let pad = ((hi - lo) * 0.1).max(hi.abs() * 0.05).max(1e-3);
     let sorted = |s: &SweepSeries| {
         let mut points = s.points.clone();
         points.sort_by(|a, b| a.x.total_cmp(&b.x));

@@ -339,6 +339,7 @@ mod tests {
             seed: 0,
             question_hash: String::new(),
             easd: None,
+            easd_defaults: None,
             expected: Some(1.0),
             predicted: Some(if correct { 1.0 } else { 2.0 }),
             predicted_text: None,

@@ -33,6 +33,10 @@ pub struct ResultRecord {
     /// The EASD settings sent (`easd` mode only; unset fields took the coordinator's defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub easd: Option<EasdSettings>,
+    /// The coordinator's EASD defaults when this ran (`easd` mode, when known): what the unset fields of `easd` took.
+    /// The settings hash covers only `easd`, so resuming checks these against the coordinator's current defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub easd_defaults: Option<EasdSettings>,
     pub expected: Option<f64>,
     pub predicted: Option<f64>,
     /// The number as written in the output.
@@ -85,8 +89,8 @@ pub fn read_results(path: &Path) -> Result<Vec<ResultRecord>> {
 pub struct ResultsFile {
     path: PathBuf,
     file: File,
-    /// Key → question hash of the done records.
-    done: HashMap<(usize, String, String), String>,
+    /// Key → index in `records` of the done records.
+    done: HashMap<(usize, String, String), usize>,
     records: Vec<ResultRecord>,
 }
 
@@ -103,7 +107,7 @@ impl ResultsFile {
         if complete_len < len {
             file.set_len(complete_len).map_err(Error::io(path))?;
         }
-        let done = records.iter().map(|r| (r.key(), r.question_hash.clone())).collect();
+        let done = records.iter().enumerate().map(|(i, r)| (r.key(), i)).collect();
         Ok(ResultsFile { path: path.to_path_buf(), file, done, records })
     }
 
@@ -115,9 +119,9 @@ impl ResultsFile {
         self.done.contains_key(&(problem, variant.to_string(), settings.to_string()))
     }
 
-    /// The question hash stored with a done key (empty for files written before the field existed).
-    pub fn question_hash(&self, problem: usize, variant: &str, settings: &str) -> Option<&str> {
-        self.done.get(&(problem, variant.to_string(), settings.to_string())).map(String::as_str)
+    /// The record stored under a done key.
+    pub fn record(&self, problem: usize, variant: &str, settings: &str) -> Option<&ResultRecord> {
+        self.done.get(&(problem, variant.to_string(), settings.to_string())).map(|&i| &self.records[i])
     }
 
     /// Every record in the file (loaded and appended).
@@ -131,7 +135,7 @@ impl ResultsFile {
             serde_json::to_string(&record).map_err(|source| Error::Json { path: self.path.clone(), source })?;
         line.push('\n');
         self.file.write_all(line.as_bytes()).and_then(|()| self.file.flush()).map_err(Error::io(&self.path))?;
-        self.done.insert(record.key(), record.question_hash.clone());
+        self.done.insert(record.key(), self.records.len());
         self.records.push(record);
         Ok(())
     }
@@ -156,6 +160,7 @@ mod tests {
             seed: problem as u64,
             question_hash: "q".into(),
             easd: None,
+            easd_defaults: None,
             expected: Some(1.0),
             predicted: Some(1.0),
             predicted_text: Some("1".into()),

@@ -112,6 +112,9 @@ pub struct EvalConfig {
     pub retries: u32,
     /// Wait before retry n: n × this.
     pub retry_backoff_ms: u64,
+    /// The coordinator's EASD defaults (its `Info`), which the unset fields of an `easd` variant take. Recorded with
+    /// every `easd` result; resuming refuses results made under other defaults. `None`: unknown, not checked.
+    pub easd_defaults: Option<EasdSettings>,
 }
 
 impl EvalConfig {
@@ -131,6 +134,7 @@ impl EvalConfig {
             prompt: PromptTemplate::default(),
             retries: 2,
             retry_backoff_ms: 1000,
+            easd_defaults: None,
         }
     }
 
@@ -219,8 +223,8 @@ pub async fn run_problems<G: Generator>(
     let mut resumed = 0;
     for problem in problems {
         for (variant, hash) in config.variants.iter().zip(&hashes) {
-            if let Some(stored) = file.question_hash(problem.index, &variant.label, hash) {
-                if !stored.is_empty() && stored != question_hash(&problem.question) {
+            if let Some(stored) = file.record(problem.index, &variant.label, hash) {
+                if !stored.question_hash.is_empty() && stored.question_hash != question_hash(&problem.question) {
                     return Err(Error::invalid(
                         "results",
                         format!(
@@ -230,6 +234,7 @@ pub async fn run_problems<G: Generator>(
                         ),
                     ));
                 }
+                check_easd_defaults(config, variant, stored)?;
                 resumed += 1;
             } else {
                 jobs.push((problem, variant, hash));
@@ -261,6 +266,24 @@ pub async fn run_problems<G: Generator>(
     let order = |label: &str| config.variants.iter().position(|v| v.label == label);
     records.sort_by_key(|r| (r.problem, order(&r.variant)));
     Ok(EvalRun { records, generated, resumed, elapsed_s: started.elapsed().as_secs_f64() })
+}
+
+/// A stored `easd` result resolved its unset fields to the coordinator's defaults of that time, which the settings
+/// hash does not cover: reusing it under a coordinator with other defaults would mix two settings in one variant.
+fn check_easd_defaults(config: &EvalConfig, variant: &Variant, stored: &ResultRecord) -> Result<()> {
+    let (Some(then), Some(now)) = (&stored.easd_defaults, &config.easd_defaults) else { return Ok(()) };
+    if variant.mode != Mode::Easd || variant.easd.or(then) == variant.easd.or(now) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "results",
+        format!(
+            "{} holds {} results made when the coordinator's EASD defaults were {then:?}; it now has {now:?}, which \
+             the variant's unset fields would take: write to another --out, or set the EASD values explicitly",
+            config.results.display(),
+            variant.label
+        ),
+    ))
 }
 
 fn question_hash(question: &str) -> String {
@@ -316,6 +339,7 @@ async fn run_one<G: Generator>(
         seed,
         question_hash: question_hash(&problem.question),
         easd: (variant.mode == Mode::Easd).then(|| variant.easd.clone()),
+        easd_defaults: config.easd_defaults.clone().filter(|_| variant.mode == Mode::Easd),
         expected: problem.expected,
         predicted,
         predicted_text: answer.as_ref().map(|a| a.text.clone()),
@@ -437,6 +461,39 @@ mod tests {
         let run = run_eval(&config, &fake, &NoProgress).await.unwrap();
         assert_eq!((run.resumed, run.generated, run.records.len()), (0, 8, 8));
         assert_eq!(crate::results::read_results(&config.results).unwrap().len(), 16);
+    }
+
+    #[tokio::test]
+    async fn easd_results_made_under_other_coordinator_defaults_are_refused() {
+        let (_dir, mut config) = setup(2);
+        let defaults =
+            EasdSettings { top_n: Some(5), rho: Some(0.6), tau_draft: Some(0.81), ..EasdSettings::default() };
+        config.easd_defaults = Some(defaults.clone());
+        let fake = Fake::new(usize::MAX);
+        run_eval(&config, &fake, &NoProgress).await.unwrap();
+        let stored = crate::results::read_results(&config.results).unwrap();
+        let easd = stored.iter().find(|r| r.mode == Mode::Easd).unwrap();
+        assert_eq!(easd.easd_defaults.as_ref(), Some(&defaults));
+        assert!(stored.iter().filter(|r| r.mode != Mode::Easd).all(|r| r.easd_defaults.is_none()));
+
+        // Same defaults, or unknown ones: resumed.
+        assert_eq!(run_eval(&config, &fake, &NoProgress).await.unwrap().resumed, 8);
+        config.easd_defaults = None;
+        assert_eq!(run_eval(&config, &fake, &NoProgress).await.unwrap().resumed, 8);
+
+        // A default the variant leaves unset moved: refused, naming the file and the variant.
+        config.easd_defaults = Some(EasdSettings { tau_draft: Some(0.45), ..defaults.clone() });
+        let err = run_eval(&config, &fake, &NoProgress).await.unwrap_err().to_string();
+        assert!(err.contains("easd results") && err.contains("0.45"), "{err}");
+
+        // The same move under a variant that sets τ_draft itself changes nothing it used: resumed.
+        let explicit = EasdSettings { tau_draft: Some(0.3), ..EasdSettings::default() };
+        let mut config = config.with_modes(&[Mode::Easd], &explicit);
+        config.easd_defaults = Some(defaults);
+        run_eval(&config, &fake, &NoProgress).await.unwrap();
+        config.easd_defaults =
+            Some(EasdSettings { tau_draft: Some(0.45), top_n: Some(5), rho: Some(0.6), ..Default::default() });
+        assert_eq!(run_eval(&config, &fake, &NoProgress).await.unwrap().resumed, 2);
     }
 
     #[tokio::test]

@@ -104,6 +104,51 @@ pub fn sweep_points(
     Ok(out)
 }
 
+/// A sweep plot's x-axis: the first grid axis with more than one value, so a sweep of ρ alone (one τ percentile,
+/// one N) plots accuracy against ρ rather than a single column of points at one τ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepAxis {
+    TauPercentile,
+    Rho,
+    TopN,
+}
+
+impl SweepAxis {
+    /// The axis the points vary along (τ percentile when none varies).
+    pub fn of(points: &[SweepPoint]) -> SweepAxis {
+        let varies = |axis: SweepAxis| points.iter().any(|p| axis.value(p) != axis.value(&points[0]));
+        [SweepAxis::TauPercentile, SweepAxis::Rho, SweepAxis::TopN]
+            .into_iter()
+            .find(|&axis| !points.is_empty() && varies(axis))
+            .unwrap_or(SweepAxis::TauPercentile)
+    }
+
+    pub fn value(self, point: &SweepPoint) -> f64 {
+        match self {
+            SweepAxis::TauPercentile => point.tau_percentile,
+            SweepAxis::Rho => f64::from(point.rho),
+            SweepAxis::TopN => f64::from(point.top_n),
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            SweepAxis::TauPercentile => "τ percentile",
+            SweepAxis::Rho => "ρ (overlap threshold)",
+            SweepAxis::TopN => "N (top-N overlap)",
+        }
+    }
+
+    /// The plot line a point belongs to: its values on the two other axes.
+    fn series_name(self, point: &SweepPoint) -> String {
+        match self {
+            SweepAxis::TauPercentile => format!("ρ = {}, N = {}", point.rho, point.top_n),
+            SweepAxis::Rho => format!("τ p{}, N = {}", point.tau_percentile, point.top_n),
+            SweepAxis::TopN => format!("τ p{}, ρ = {}", point.tau_percentile, point.rho),
+        }
+    }
+}
+
 /// A finished sweep.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepRun {
@@ -147,13 +192,15 @@ pub async fn run_sweep<G: Generator>(
 }
 
 /// Writes the sweep report into `dir`: the standard tables for every variant, a sweep table, `accuracy.svg` and
-/// `sweep.svg` (accuracy and trigger rate vs τ percentile, one line per (ρ, N), the first baseline dashed).
+/// `sweep.svg` (accuracy and trigger rate vs the swept axis — see [`SweepAxis`] — one line per setting of the other
+/// axes, the first baseline dashed).
 pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportContext) -> Result<ReportFiles> {
     std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
     let report = summarize(&sweep.run.records);
     let stats = |label: &str| report.variants.iter().find(|v| v.label == label);
     let baseline = sweep.baselines.first().and_then(|b| stats(b));
     let mut series: Vec<SweepSeries> = Vec::new();
+    let axis = SweepAxis::of(&sweep.points);
     let mut table = String::from(
         "## Sweep\n\n| variant | τ percentile | τ_draft | τ_target | ρ | N | accuracy | 95% CI | trigger rate | tokens/s | p vs baseline |\n|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
@@ -180,9 +227,9 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
             v.tokens_per_s,
             p_vs_base
         );
-        let name = format!("ρ = {}, N = {}", point.rho, point.top_n);
+        let name = axis.series_name(point);
         let entry = SweepPlotPoint {
-            x: point.tau_percentile,
+            x: axis.value(point),
             accuracy: v.accuracy,
             interval: v.interval,
             trigger_rate: v.trigger_rate.unwrap_or(0.0),
@@ -199,10 +246,13 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
     let accuracy = dir.join("accuracy.svg");
     accuracy_plot(&accuracy, &report)?;
     let sweep_svg = dir.join("sweep.svg");
-    sweep_plot(&sweep_svg, "τ percentile", &series, baseline.map(|b| (b.label.as_str(), b.accuracy)))?;
+    sweep_plot(&sweep_svg, axis.description(), &series, baseline.map(|b| (b.label.as_str(), b.accuracy)))?;
     context.plots.push(("Accuracy per variant with 95% Wilson intervals".into(), "accuracy.svg".into()));
     context.plots.push((
-        "Accuracy (dashed: baseline) and EASD trigger rate vs τ percentile per (ρ, N)".into(),
+        format!(
+            "Accuracy (dashed: baseline) and EASD trigger rate vs {}, one line per other setting",
+            axis.description()
+        ),
         "sweep.svg".into(),
     ));
     context.notes.insert(0, table);
@@ -259,6 +309,41 @@ mod tests {
         assert!(sweep_points(&empty, &calibration(), &EasdSettings::default()).is_err());
         let bad = SweepGrid { tau_percentiles: vec![120.0], ..SweepGrid::default() };
         assert!(sweep_points(&bad, &calibration(), &EasdSettings::default()).is_err());
+    }
+
+    #[test]
+    fn the_plot_axis_is_the_first_axis_that_varies() {
+        let points = |grid: SweepGrid| -> Vec<SweepPoint> {
+            sweep_points(&grid, &calibration(), &EasdSettings::default()).unwrap().into_iter().map(|(_, p)| p).collect()
+        };
+        let rho_only = SweepGrid { tau_percentiles: vec![80.0], rhos: vec![0.4, 0.6, 0.8], top_ns: vec![5] };
+        let axis = SweepAxis::of(&points(rho_only.clone()));
+        assert_eq!(axis, SweepAxis::Rho);
+        assert_eq!(
+            points(rho_only).iter().map(|p| axis.value(p)).collect::<Vec<_>>(),
+            [0.4f32, 0.6, 0.8].map(f64::from)
+        );
+        let n_only = SweepGrid { tau_percentiles: vec![80.0], rhos: vec![0.6], top_ns: vec![3, 5, 10] };
+        assert_eq!(SweepAxis::of(&points(n_only)), SweepAxis::TopN);
+        assert_eq!(SweepAxis::of(&points(SweepGrid::default())), SweepAxis::TauPercentile);
+        let single = SweepGrid { tau_percentiles: vec![90.0], rhos: vec![0.6], top_ns: vec![5] };
+        assert_eq!(SweepAxis::of(&points(single)), SweepAxis::TauPercentile);
+    }
+
+    #[tokio::test]
+    async fn a_rho_sweep_plots_accuracy_against_rho() {
+        let dir = tempfile::tempdir().unwrap();
+        let dataset = dir.path().join("dev.jsonl");
+        std::fs::write(&dataset, "{\"question\": \"q\", \"answer\": \"#### 7\"}\n".repeat(2)).unwrap();
+        let mut config = SweepConfig::new(EvalConfig::new(&dataset, dir.path().join("sweep.jsonl")));
+        (config.eval.offset, config.eval.limit) = (0, Some(2));
+        config.grid = SweepGrid { tau_percentiles: vec![80.0], rhos: vec![0.4, 0.8], top_ns: vec![5] };
+        let sweep = run_sweep(&config, &calibration(), &Fake, &NoProgress).await.unwrap();
+        let files = write_sweep_report(&dir.path().join("report"), &sweep, ReportContext::default()).unwrap();
+        let svg = std::fs::read_to_string(dir.path().join("report/sweep.svg")).unwrap();
+        assert!(svg.contains("Accuracy vs ρ (overlap threshold)") && svg.contains("τ p80, N = 5"), "{svg}");
+        let md = std::fs::read_to_string(&files.markdown).unwrap();
+        assert!(md.contains("trigger rate vs ρ (overlap threshold)"), "{md}");
     }
 
     #[tokio::test]

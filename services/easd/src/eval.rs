@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use easd_eval::{
-    BarProgress, CalibrationConfig, CalibrationFile, CalibrationText, CoordinatorGenerator, EasdOrder, EasdSettings,
-    EvalConfig, Mode, ModelScorer, ReportContext, Sampling, SweepConfig, run_calibration, run_eval, run_sweep,
-    write_report, write_sweep_report,
+    BarProgress, CalibrationConfig, CalibrationFile, CalibrationText, CoordinatorDescription, CoordinatorGenerator,
+    EasdOrder, EasdSettings, EvalConfig, Mode, ModelScorer, ReportContext, Sampling, SweepConfig, run_calibration,
+    run_eval, run_sweep, write_report, write_sweep_report,
 };
 use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
 use easd_server::local::LocalOptions;
@@ -69,10 +69,11 @@ impl RunArgs {
         config
     }
 
-    /// The report's setup lines; `config` is the run as executed (a sweep moves the slice to the development lines).
-    fn setup(&self, command: &str, config: &EvalConfig) -> Vec<String> {
+    /// The report's setup lines; `config` is the run as executed (a sweep moves the slice to the development lines),
+    /// `coordinator` what the coordinator said about itself (its models and the EASD values unset fields took).
+    fn setup(&self, command: &str, config: &EvalConfig, coordinator: Option<&CoordinatorDescription>) -> Vec<String> {
         let limit = config.limit.map_or_else(|| "all".to_string(), |n| n.to_string());
-        vec![
+        let mut lines = vec![
             format!("command: `{command}`"),
             format!(
                 "dataset {} (offset {}, limit {limit}); temperature {}, top_p {}, top_k {}, seed {}, k {}, max_tokens {}",
@@ -85,7 +86,9 @@ impl RunArgs {
                 self.k,
                 self.max_tokens
             ),
-        ]
+        ];
+        lines.extend(coordinator.map(coordinator_line));
+        lines
     }
 
     /// Connects to the coordinator, or starts one here; the stack (if any) must outlive the run.
@@ -100,6 +103,28 @@ impl RunArgs {
         let generator = CoordinatorGenerator::connect(&url, Duration::from_secs(3600)).await?;
         Ok((generator, stack))
     }
+}
+
+/// The models and the EASD defaults in force: a variant's unset EASD fields took these values, which the settings
+/// hash does not cover, so the report names them (and resuming checks them, see `EvalConfig::easd_defaults`).
+fn coordinator_line(c: &CoordinatorDescription) -> String {
+    let show = |v: Option<String>| v.unwrap_or_else(|| "?".into());
+    let d = &c.default_easd;
+    format!(
+        "coordinator: draft {}, target {}; EASD defaults for unset fields: τ_draft {}, τ_target {}, ρ {}, N {}, order \
+         {}, {}",
+        show(c.draft_model.clone()),
+        if c.target_models.is_empty() { "?".into() } else { c.target_models.join(", ") },
+        show(d.tau_draft.map(|t| format!("{t:.3}"))),
+        show(d.tau_target.map(|t| format!("{t:.3}"))),
+        show(d.rho.map(|r| r.to_string())),
+        show(d.top_n.map(|n| n.to_string())),
+        show(d.order.map(|o| match o {
+            EasdOrder::AfterSd => "after_sd".to_string(),
+            EasdOrder::Gate => "gate".to_string(),
+        })),
+        d.penalty_alpha.map_or_else(|| "mask".to_string(), |a| format!("penalty α {a}"))
+    )
 }
 
 fn easd_settings(args: &EasdArgs) -> EasdSettings {
@@ -133,8 +158,10 @@ pub struct EvalArgs {
 
 pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let modes = Mode::parse_list(&args.modes)?;
-    let config = args.run.eval_config().with_modes(&modes, &easd_settings(&args.easd));
+    let mut config = args.run.eval_config().with_modes(&modes, &easd_settings(&args.easd));
     let (generator, stack) = args.run.generator().await?;
+    let coordinator = generator.describe().await.ok();
+    config.easd_defaults = coordinator.as_ref().map(|c| c.default_easd.clone());
     let result = run_eval(&config, &generator, &BarProgress::new()).await;
     if let Some(stack) = stack {
         stack.shutdown().await;
@@ -144,7 +171,7 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let calibration = args.run.calibration.as_deref().map(CalibrationFile::load).transpose()?;
     let context = ReportContext {
         title: "EASD evaluation".into(),
-        setup: args.run.setup(&command_line(), &config),
+        setup: args.run.setup(&command_line(), &config, coordinator.as_ref()),
         ..Default::default()
     };
     let files = write_report(&args.run.out, &run.records, context, calibration.as_ref())?;
@@ -186,6 +213,8 @@ pub async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     config.grid.top_ns = args.top_ns.clone();
     config.allow_held_out = args.allow_held_out;
     let (generator, stack) = args.run.generator().await?;
+    let coordinator = generator.describe().await.ok();
+    config.eval.easd_defaults = coordinator.as_ref().map(|c| c.default_easd.clone());
     let result = run_sweep(&config, &calibration, &generator, &BarProgress::new()).await;
     if let Some(stack) = stack {
         stack.shutdown().await;
@@ -193,7 +222,7 @@ pub async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let sweep = result?;
     let context = ReportContext {
         title: "EASD sweep".into(),
-        setup: args.run.setup(&command_line(), &config.eval),
+        setup: args.run.setup(&command_line(), &config.eval, coordinator.as_ref()),
         ..Default::default()
     };
     let files = write_sweep_report(&args.run.out, &sweep, context)?;
@@ -275,4 +304,36 @@ pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
         r.percentile
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_setup_names_the_easd_values_unset_fields_took() {
+        let coordinator = CoordinatorDescription {
+            draft_model: Some("d".into()),
+            target_models: vec!["t".into()],
+            default_easd: EasdSettings {
+                top_n: Some(5),
+                rho: Some(0.6),
+                tau_draft: Some(0.81),
+                tau_target: Some(0.68),
+                order: Some(EasdOrder::AfterSd),
+                penalty_alpha: None,
+            },
+        };
+        assert_eq!(
+            coordinator_line(&coordinator),
+            "coordinator: draft d, target t; EASD defaults for unset fields: τ_draft 0.810, τ_target 0.680, ρ 0.6, \
+             N 5, order after_sd, mask"
+        );
+        let unknown = CoordinatorDescription {
+            draft_model: None,
+            target_models: vec![],
+            default_easd: EasdSettings { penalty_alpha: Some(0.5), ..EasdSettings::default() },
+        };
+        assert!(coordinator_line(&unknown).ends_with("τ_draft ?, τ_target ?, ρ ?, N ?, order ?, penalty α 0.5"));
+    }
 }
