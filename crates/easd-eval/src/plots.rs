@@ -135,7 +135,16 @@ pub fn sweep_plot(path: &Path, x_desc: &str, series: &[SweepSeries], baseline: O
         });
         tryp!(path, chart.draw_series(bars));
     }
-    tryp!(path, chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw());
+    // Lower left: accuracies sit in the upper half, where a legend would cover the intervals.
+    tryp!(
+        path,
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+    );
 
     let top = series.iter().flat_map(|s| s.points.iter().map(|p| 100.0 * p.trigger_rate)).fold(0.0, f64::max);
     let mut chart = tryp!(
