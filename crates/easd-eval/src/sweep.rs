@@ -296,6 +296,15 @@ mod tests {
         }
     }
 
+    /// A default sweep config over `problems` copies of a "#### 7" problem in a temporary folder.
+    fn sweep_config(problems: usize) -> (tempfile::TempDir, SweepConfig) {
+        let dir = tempfile::tempdir().unwrap();
+        let dataset = dir.path().join("dev.jsonl");
+        std::fs::write(&dataset, "{\"question\": \"q\", \"answer\": \"#### 7\"}\n".repeat(problems)).unwrap();
+        let config = SweepConfig::new(EvalConfig::new(&dataset, dir.path().join("sweep.jsonl")));
+        (dir, config)
+    }
+
     #[test]
     fn grid_points_take_their_thresholds_from_the_calibration() {
         let points = sweep_points(&SweepGrid::default(), &calibration(), &EasdSettings::default()).unwrap();
@@ -332,10 +341,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_rho_sweep_plots_accuracy_against_rho() {
-        let dir = tempfile::tempdir().unwrap();
-        let dataset = dir.path().join("dev.jsonl");
-        std::fs::write(&dataset, "{\"question\": \"q\", \"answer\": \"#### 7\"}\n".repeat(2)).unwrap();
-        let mut config = SweepConfig::new(EvalConfig::new(&dataset, dir.path().join("sweep.jsonl")));
+        let (dir, mut config) = sweep_config(2);
         (config.eval.offset, config.eval.limit) = (0, Some(2));
         config.grid = SweepGrid { tau_percentiles: vec![80.0], rhos: vec![0.4, 0.8], top_ns: vec![5] };
         let sweep = run_sweep(&config, &calibration(), &Fake, &NoProgress).await.unwrap();
@@ -348,10 +354,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_sweep_runs_the_grid_with_its_baseline_and_writes_a_report() {
-        let dir = tempfile::tempdir().unwrap();
-        let dataset = dir.path().join("dev.jsonl");
-        std::fs::write(&dataset, "{\"question\": \"q\", \"answer\": \"#### 7\"}\n".repeat(4)).unwrap();
-        let mut config = SweepConfig::new(EvalConfig::new(&dataset, dir.path().join("sweep.jsonl")));
+        let (dir, mut config) = sweep_config(4);
         assert_eq!((config.eval.offset, config.eval.limit), (2000, Some(200)));
         config.eval.offset = 0;
         config.eval.limit = None;
