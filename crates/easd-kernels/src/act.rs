@@ -1,0 +1,106 @@
+//! Activation quantization: each row of the input is quantized once per product to 8-bit
+//! blocks with an f32 scale, so every dot product below is an exact integer sum followed by a
+//! few float operations. Plain scalar code: it is O(m·k) against the product's O(m·n·k), and
+//! one implementation for every instruction set keeps the paths bit-identical.
+
+use crate::format::ActFormat;
+
+/// `m` rows of `k` values, quantized for one [`ActFormat`].
+#[derive(Clone, Debug)]
+pub struct QuantizedActs {
+    pub(crate) format: ActFormat,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// `rows × cols` values in [-127, 127] (never -128: the kernels negate them).
+    pub(crate) qs: Vec<i8>,
+    /// One scale per block of `format.block_len()` values.
+    pub(crate) scales: Vec<f32>,
+    /// Sum of the values of each `format.sum_len()` run.
+    pub(crate) sums: Vec<i32>,
+}
+
+/// One row's view, as the kernels take it.
+#[derive(Clone, Copy)]
+pub(crate) struct ActRow<'a> {
+    pub qs: &'a [i8],
+    pub scales: &'a [f32],
+    pub sums: &'a [i32],
+}
+
+impl QuantizedActs {
+    /// Quantizes `x` (`rows × cols`, row-major). `cols` must be a multiple of the format's block.
+    pub fn new(format: ActFormat, x: &[f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(x.len(), rows * cols, "activation buffer is not rows × cols");
+        let block = format.block_len();
+        assert!(cols.is_multiple_of(block), "{cols} columns are not whole {block}-value blocks");
+        let mut qs = vec![0i8; rows * cols];
+        let mut scales = Vec::with_capacity(rows * cols / block);
+        for (src, dst) in x.chunks_exact(block).zip(qs.chunks_exact_mut(block)) {
+            scales.push(quantize_block(src, dst));
+        }
+        let sums = qs.chunks_exact(format.sum_len()).map(|c| c.iter().map(|&q| i32::from(q)).sum()).collect();
+        Self { format, rows, cols, qs, scales, sums }
+    }
+
+    pub fn format(&self) -> ActFormat {
+        self.format
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub(crate) fn row(&self, r: usize) -> ActRow<'_> {
+        let (k, f) = (self.cols, self.format);
+        ActRow {
+            qs: &self.qs[r * k..(r + 1) * k],
+            scales: &self.scales[r * k / f.block_len()..(r + 1) * k / f.block_len()],
+            sums: &self.sums[r * k / f.sum_len()..(r + 1) * k / f.sum_len()],
+        }
+    }
+}
+
+/// Symmetric 8-bit quantization of one block; returns the scale. Non-finite inputs give 0s.
+fn quantize_block(src: &[f32], dst: &mut [i8]) -> f32 {
+    let amax = src.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+    if amax == 0.0 || !amax.is_finite() {
+        dst.fill(0);
+        return 0.0;
+    }
+    let inv = 127.0 / amax;
+    for (q, &v) in dst.iter_mut().zip(src) {
+        *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    amax / 127.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_stay_in_the_symmetric_range_and_sums_match() {
+        let x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.13).collect();
+        let a = QuantizedActs::new(ActFormat::Q8K, &x, 2, 256);
+        assert!(a.qs.iter().all(|&q| q > -128));
+        assert_eq!(a.scales.len(), 2);
+        assert_eq!(a.sums.len(), 32);
+        assert_eq!(a.sums[3], a.qs[48..64].iter().map(|&q| i32::from(q)).sum::<i32>());
+        for (i, &v) in x.iter().enumerate().take(256) {
+            assert!((f32::from(a.qs[i]) * a.scales[0] - v).abs() <= a.scales[0] * 0.5 + 1e-6);
+        }
+    }
+
+    #[test]
+    fn zero_and_non_finite_blocks_quantize_to_zero() {
+        let mut x = vec![0.0f32; 64];
+        x[40] = f32::INFINITY;
+        let a = QuantizedActs::new(ActFormat::Q8x32, &x, 1, 64);
+        assert_eq!(a.scales, vec![0.0, 0.0]);
+        assert!(a.qs.iter().all(|&q| q == 0));
+    }
+}

@@ -1,0 +1,182 @@
+//! Quantized weight matrices and their products with f32 activations, for any number of rows.
+//!
+//! The work is split over output columns (weight rows); each output value is one call of the
+//! row kernel on (weight row, activation row), whose arithmetic does not depend on how many rows
+//! are computed together or on the split — the batch-invariance contract.
+
+use rayon::prelude::*;
+
+use crate::KernelError;
+use crate::act::{ActRow, QuantizedActs};
+use crate::format::{ActFormat, Format, dequantize_block};
+use crate::isa::Isa;
+use crate::pool::pool;
+use crate::scalar;
+
+/// Rows computed by one kernel call (weights unpacked once for all of them).
+const TILE_ROWS: usize = 4;
+/// Weight bytes of one work unit: small enough to stay in L2 while every activation tile passes.
+const UNIT_BYTES: usize = 256 << 10;
+
+/// A `rows × cols` weight matrix in one GGML block format, rows contiguous.
+#[derive(Clone)]
+pub struct QMatrix {
+    format: Format,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QMatrix({:?}, {} × {})", self.format, self.rows, self.cols)
+    }
+}
+
+impl QMatrix {
+    /// Takes the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row).
+    pub fn new(format: Format, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, KernelError> {
+        let row_bytes = format.row_bytes(cols)?;
+        if data.len() != rows * row_bytes {
+            return Err(KernelError::DataLength { format, rows, cols, expected: rows * row_bytes, actual: data.len() });
+        }
+        Ok(Self { format, rows, cols, row_bytes, data })
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn row_data(&self, r: usize) -> &[u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Row `r` as f32 (an embedding lookup); `out.len()` must be `cols`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if r >= self.rows {
+            return Err(KernelError::RowOutOfRange { row: r, rows: self.rows });
+        }
+        assert_eq!(out.len(), self.cols, "output row length");
+        let n = self.format.block_len();
+        for (blk, o) in self.row_data(r).chunks_exact(self.format.block_bytes()).zip(out.chunks_exact_mut(n)) {
+            dequantize_block(self.format, blk, o);
+        }
+        Ok(())
+    }
+}
+
+/// `x · Wᵀ` for each weight, all sharing the input (one quantization of it, one parallel
+/// region): `x` is `m × cols` row-major; result `i` is `m × ws[i].rows()` row-major.
+/// Uses [`Isa::active`].
+pub fn matmul(ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec<Vec<f32>>, KernelError> {
+    matmul_with(Isa::active(), ws, x, m)
+}
+
+/// [`matmul`] on a chosen path (tests and benchmarks compare paths).
+pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec<Vec<f32>>, KernelError> {
+    if !isa.available() {
+        return Err(KernelError::IsaUnavailable(isa));
+    }
+    let Some(cols) = ws.first().map(|w| w.cols) else { return Ok(Vec::new()) };
+    if let Some(w) = ws.iter().find(|w| w.cols != cols) {
+        return Err(KernelError::Shape { expected: cols, actual: w.cols });
+    }
+    if x.len() != m * cols {
+        return Err(KernelError::InputLength { rows: m, cols, actual: x.len() });
+    }
+    let mut q8k = None;
+    let mut q8x32 = None;
+    for w in ws {
+        match w.format.act_format() {
+            ActFormat::Q8K => q8k.get_or_insert_with(|| QuantizedActs::new(ActFormat::Q8K, x, m, cols)),
+            ActFormat::Q8x32 => q8x32.get_or_insert_with(|| QuantizedActs::new(ActFormat::Q8x32, x, m, cols)),
+        };
+    }
+    let threads = pool().current_num_threads();
+    // Outputs are built transposed (`rows × m`) so that each unit owns one contiguous chunk.
+    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.rows * m]).collect();
+    let mut units = Vec::new();
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        let acts = match w.format.act_format() {
+            ActFormat::Q8K => q8k.as_ref(),
+            ActFormat::Q8x32 => q8x32.as_ref(),
+        }
+        .expect("quantized above");
+        let per_unit = w.rows.div_ceil(4 * threads).clamp(1, (UNIT_BYTES / w.row_bytes).max(1));
+        for (u, chunk) in out.chunks_mut(per_unit * m).enumerate() {
+            units.push((*w, acts, u * per_unit, chunk));
+        }
+    }
+    let run = |(w, acts, first, out): (&QMatrix, &QuantizedActs, usize, &mut [f32])| run_unit(isa, w, acts, first, out);
+    if units.len() == 1 || threads == 1 {
+        units.into_iter().for_each(run);
+    } else {
+        pool().install(|| units.into_par_iter().for_each(run));
+    }
+    if m > 1 {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            *out = transpose(out, w.rows, m);
+        }
+    }
+    Ok(outs)
+}
+
+fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut dst = vec![0f32; src.len()];
+    for (i, row) in src.chunks_exact(cols).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            dst[j * rows + i] = v;
+        }
+    }
+    dst
+}
+
+/// Weight rows `first..` (as many as `out` holds) against every activation row, tile by tile.
+fn run_unit(isa: Isa, w: &QMatrix, acts: &QuantizedActs, first: usize, out: &mut [f32]) {
+    let m = acts.rows();
+    let mut r = 0;
+    while r < m {
+        let t = (m - r).min(TILE_ROWS);
+        for (i, dst) in out.chunks_exact_mut(m).enumerate() {
+            let row = w.row_data(first + i);
+            let dst = &mut dst[r..r + t];
+            match t {
+                1 => dst.copy_from_slice(&tile::<1>(isa, w.format, row, acts, r)),
+                2 => dst.copy_from_slice(&tile::<2>(isa, w.format, row, acts, r)),
+                3 => dst.copy_from_slice(&tile::<3>(isa, w.format, row, acts, r)),
+                _ => dst.copy_from_slice(&tile::<4>(isa, w.format, row, acts, r)),
+            }
+        }
+        r += t;
+    }
+}
+
+#[inline]
+fn tile<const R: usize>(isa: Isa, format: Format, w: &[u8], acts: &QuantizedActs, r0: usize) -> [f32; R] {
+    let rows: [ActRow<'_>; R] = std::array::from_fn(|i| acts.row(r0 + i));
+    match isa {
+        Isa::Portable => rows.map(|a| scalar::dot_row(format, w, a)),
+        // SAFETY: `matmul_with` checked that the CPU has the path's features.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { crate::x86::dot_rows_avx2::<R>(format, w, &rows) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { crate::x86::dot_rows_vnni::<R>(format, w, &rows) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => rows.map(|a| scalar::dot_row(format, w, a)),
+    }
+}

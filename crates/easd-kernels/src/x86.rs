@@ -1,0 +1,298 @@
+//! x86-64 kernels: AVX2 (+F16C), and AVX-512 VNNI (256-bit `vpdpbusd`) where the CPU has it.
+//!
+//! Each kernel computes the exact integer block sums with SIMD and then performs the float
+//! operations of the portable path (`scalar.rs`) in the same order, so its results are
+//! bit-identical to it; the tests check that. One weight row is dotted with up to four activation
+//! rows at once: the weights are loaded and unpacked once, every row gets its own accumulators,
+//! and the arithmetic per row does not depend on how many rows share the call.
+//!
+//! Learned from ggml-cpu's `ggml_vec_dot_{q4_K,q6_K,q8_0,q5_0}_q8_*` (the sign trick for signed
+//! bytes, the Q5 high-bit expansion), written anew around the canonical accumulation.
+
+use core::arch::x86_64::*;
+
+use crate::act::ActRow;
+use crate::format::{Format, f16_at, q4k_scale_min};
+use crate::scalar::{LANES, q4k_summin, q4k_value, q6k_offset, q6k_value, q8_value, reduce_lanes};
+
+/// Checks what the pointer arithmetic below relies on: whole blocks, and activation rows as long
+/// as the weight row.
+fn check_shapes<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) {
+    let bb = format.block_bytes();
+    assert!(w.len().is_multiple_of(bb), "weight row of {} bytes is not whole {format:?} blocks", w.len());
+    let nb = w.len() / bb;
+    let cols = nb * format.block_len();
+    let act = format.act_format();
+    for row in a {
+        assert_eq!(row.qs.len(), cols, "activation row length");
+        assert_eq!(row.scales.len(), cols / act.block_len(), "activation scales");
+        assert_eq!(row.sums.len(), cols / act.sum_len(), "activation sums");
+    }
+}
+
+/// AVX2 + F16C entry point. Safety: the CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn dot_rows_avx2<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
+    check_shapes(format, w, a);
+    // SAFETY: shapes checked above; the features are the caller's contract.
+    unsafe { dispatch::<R, false>(format, w, a) }
+}
+
+/// AVX-512 VNNI entry point. Safety: the CPU must have AVX2, F16C, AVX-512 F/VL/VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_rows_vnni<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
+    check_shapes(format, w, a);
+    // SAFETY: shapes checked above; the features are the caller's contract.
+    unsafe { dispatch::<R, true>(format, w, a) }
+}
+
+#[inline(always)]
+unsafe fn dispatch<const R: usize, const VNNI: bool>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
+    // SAFETY (all arms): shapes checked by the entry points.
+    unsafe {
+        match format {
+            Format::Q8_0 => q8_family::<R, VNNI, false>(w, a),
+            Format::Q5_0 => q8_family::<R, VNNI, true>(w, a),
+            Format::Q4K => q4k::<R>(w, a),
+            Format::Q6K => q6k::<R>(w, a),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    // SAFETY: callers pass pointers with 32 readable bytes.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+#[inline(always)]
+unsafe fn load_i8(p: *const i8) -> __m256i {
+    // SAFETY: as `load`.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// Sum of the eight i32 lanes (exact).
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: register-only intrinsics; the features are the caller's.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
+/// Lane j of the result is the sum of the lanes of `p[j]` (exact).
+#[inline(always)]
+unsafe fn hsum8(p: &[__m256i; 8]) -> __m256i {
+    // SAFETY: register-only intrinsics.
+    unsafe {
+        let h01 = _mm256_hadd_epi32(p[0], p[1]);
+        let h23 = _mm256_hadd_epi32(p[2], p[3]);
+        let h45 = _mm256_hadd_epi32(p[4], p[5]);
+        let h67 = _mm256_hadd_epi32(p[6], p[7]);
+        let h0123 = _mm256_hadd_epi32(h01, h23);
+        let h4567 = _mm256_hadd_epi32(h45, h67);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(h0123, h4567),
+            _mm256_permute2x128_si256::<0x31>(h0123, h4567),
+        )
+    }
+}
+
+/// `acc + Σ` of each four adjacent u8 × i8 products, per i32 lane (exact for our value ranges:
+/// the AVX2 pair sums stay far inside i16).
+#[inline(always)]
+unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    // SAFETY: register-only intrinsics; VNNI only in functions that enable it.
+    unsafe {
+        if VNNI {
+            _mm256_dpbusd_epi32(acc, u, s)
+        } else {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+        }
+    }
+}
+
+/// The 32 weights of a Q8_0 block (signed) or a Q5_0 block (unsigned 0..32) at `p`.
+#[inline(always)]
+unsafe fn block_weights<const Q5: bool>(p: *const u8) -> __m256i {
+    // SAFETY: `p` points at a whole block (34 or 22 bytes).
+    unsafe {
+        if !Q5 {
+            return load(p.add(2));
+        }
+        let q = _mm_loadu_si128(p.add(6) as *const __m128i);
+        let m4 = _mm_set1_epi8(0x0F);
+        let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4));
+        let qh = (p.add(2) as *const u32).read_unaligned();
+        // Byte i ← byte i/8 of qh, then all ones where bit i%8 of it is set.
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(qh as i32),
+            _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+        );
+        let bits = _mm256_cmpeq_epi8(
+            _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)),
+            _mm256_set1_epi64x(-1),
+        );
+        _mm256_or_si256(nibbles, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)))
+    }
+}
+
+/// Integer dot of one block's weights with 32 activations (lanes still to be summed).
+#[inline(always)]
+unsafe fn block_dot<const VNNI: bool, const Q5: bool>(wv: __m256i, av: __m256i) -> __m256i {
+    // SAFETY: register-only intrinsics.
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        if Q5 {
+            dot4::<VNNI>(zero, wv, av)
+        } else {
+            // |w| × (a with w's sign): unsigned × signed, as the instructions want. a ≠ −128.
+            dot4::<VNNI>(zero, _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv))
+        }
+    }
+}
+
+/// Q8_0 and Q5_0 (32-weight blocks): eight blocks at a time, so that their sums form one vector
+/// whose lane j is block 8g + j — exactly the portable path's lane `b % 8`.
+#[inline(always)]
+unsafe fn q8_family<const R: usize, const VNNI: bool, const Q5: bool>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
+    let bb = if Q5 { 22 } else { 34 };
+    let nb = w.len() / bb;
+    let groups = nb / LANES;
+    let wp = w.as_ptr();
+    let mut out = [0f32; R];
+    // SAFETY: every pointer below stays inside `w` (nb whole blocks) or inside a row of nb·32
+    // activations with nb scales and nb sums (checked by the entry points).
+    unsafe {
+        let mut accv = [_mm256_setzero_ps(); R];
+        for g in 0..groups {
+            let mut dh = [0u16; LANES];
+            let mut wv = [_mm256_setzero_si256(); LANES];
+            for j in 0..LANES {
+                let blk = wp.add((LANES * g + j) * bb);
+                dh[j] = (blk as *const u16).read_unaligned();
+                wv[j] = block_weights::<Q5>(blk);
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+            for r in 0..R {
+                let ap = a[r].qs.as_ptr().add(LANES * 32 * g);
+                let mut p = [_mm256_setzero_si256(); LANES];
+                for j in 0..LANES {
+                    p[j] = block_dot::<VNNI, Q5>(wv[j], load_i8(ap.add(32 * j)));
+                }
+                let mut sums = hsum8(&p);
+                if Q5 {
+                    let asum = _mm256_loadu_si256(a[r].sums.as_ptr().add(LANES * g) as *const __m256i);
+                    sums = _mm256_sub_epi32(sums, _mm256_slli_epi32::<4>(asum));
+                }
+                let da = _mm256_loadu_ps(a[r].scales.as_ptr().add(LANES * g));
+                accv[r] = _mm256_add_ps(accv[r], _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sums)));
+            }
+        }
+        for r in 0..R {
+            let mut acc = [0f32; LANES];
+            _mm256_storeu_ps(acc.as_mut_ptr(), accv[r]);
+            for b in LANES * groups..nb {
+                let wv = block_weights::<Q5>(wp.add(b * bb));
+                let mut isum = hsum_i32(block_dot::<VNNI, Q5>(wv, load_i8(a[r].qs.as_ptr().add(32 * b))));
+                if Q5 {
+                    isum -= 16 * a[r].sums[b];
+                }
+                acc[b % LANES] += q8_value(f16_at(w, b * bb), a[r].scales[b], isum);
+            }
+            out[r] = reduce_lanes(&acc);
+        }
+    }
+    out
+}
+
+#[inline(always)]
+unsafe fn q4k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
+    let nb = w.len() / 144;
+    let mut acc = [[0f32; LANES]; R];
+    // SAFETY: block b occupies w[144b..144b+144]; activation rows hold nb·256 values.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        for b in 0..nb {
+            let blk = &w[144 * b..144 * b + 144];
+            let packed = &blk[4..16];
+            let mut sc = [0i16; 8];
+            for (j, s) in sc.iter_mut().enumerate() {
+                *s = i16::from(q4k_scale_min(packed, j).0);
+            }
+            let mut iacc = [_mm256_setzero_si256(); R];
+            for j in 0..4 {
+                let bits = load(blk.as_ptr().add(16 + 32 * j));
+                let lo = _mm256_and_si256(bits, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                let (s_lo, s_hi) = (_mm256_set1_epi16(sc[2 * j]), _mm256_set1_epi16(sc[2 * j + 1]));
+                for r in 0..R {
+                    let ap = a[r].qs.as_ptr().add(256 * b + 64 * j);
+                    let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load_i8(ap)), s_lo);
+                    let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load_i8(ap.add(32))), s_hi);
+                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(p_lo, p_hi));
+                }
+            }
+            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            for r in 0..R {
+                let summin = q4k_summin(packed, &a[r].sums[16 * b..16 * b + 16]);
+                acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, hsum_i32(iacc[r]), summin);
+            }
+        }
+    }
+    acc.map(|l| reduce_lanes(&l))
+}
+
+#[inline(always)]
+unsafe fn q6k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
+    let nb = w.len() / 210;
+    let mut acc = [[0f32; LANES]; R];
+    // SAFETY: block b occupies w[210b..210b+210]; activation rows hold nb·256 values.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m3 = _mm256_set1_epi8(0x03);
+        for b in 0..nb {
+            let blk = &w[210 * b..210 * b + 210];
+            let scales = &blk[192..208];
+            let s16 = |g: usize| i16::from(scales[g] as i8);
+            let mut iacc = [_mm256_setzero_si256(); R];
+            for half in 0..2 {
+                let ql0 = load(blk.as_ptr().add(64 * half));
+                let ql1 = load(blk.as_ptr().add(64 * half + 32));
+                let qh = load(blk.as_ptr().add(128 + 32 * half));
+                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3));
+                let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3));
+                let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3));
+                let h3 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3));
+                let u = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), h0),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), h1),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), h2),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), h3),
+                ];
+                // u[i] holds weights 128·half + 32i .. +32: groups g and g + 1 of 16.
+                let mut sv = [_mm256_setzero_si256(); 4];
+                for (i, s) in sv.iter_mut().enumerate() {
+                    let g = 8 * half + 2 * i;
+                    *s = _mm256_set_m128i(_mm_set1_epi16(s16(g + 1)), _mm_set1_epi16(s16(g)));
+                }
+                for r in 0..R {
+                    let ap = a[r].qs.as_ptr().add(256 * b + 128 * half);
+                    for i in 0..4 {
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], load_i8(ap.add(32 * i))), sv[i]);
+                        iacc[r] = _mm256_add_epi32(iacc[r], p);
+                    }
+                }
+            }
+            let d = f16_at(blk, 208);
+            for r in 0..R {
+                let offset = q6k_offset(scales, &a[r].sums[16 * b..16 * b + 16]);
+                acc[r][b % LANES] += q6k_value(a[r].scales[b], d, hsum_i32(iacc[r]) - offset);
+            }
+        }
+    }
+    acc.map(|l| reduce_lanes(&l))
+}
