@@ -10,7 +10,7 @@ pub enum Isa {
     Portable,
     /// x86-64 AVX2 + F16C.
     Avx2,
-    /// x86-64 AVX2 + AVX-512 F/VL/VNNI (256-bit `vpdpbusd`).
+    /// x86-64 AVX2 + AVX-512 F/BW/VL/VNNI (512-bit K-quant kernels, `vpdpbusd`).
     Avx512Vnni,
 }
 
@@ -27,6 +27,7 @@ impl Isa {
             Isa::Avx512Vnni => {
                 Isa::Avx2.available()
                     && std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512bw")
                     && std::is_x86_feature_detected!("avx512vl")
                     && std::is_x86_feature_detected!("avx512vnni")
             }

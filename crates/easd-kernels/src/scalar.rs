@@ -67,9 +67,8 @@ pub(crate) fn dot_row(format: Format, w: &[u8], a: ActRow<'_>) -> f32 {
                 let scales = &blk[4..16];
                 let isum: i32 = (0..8)
                     .map(|j| {
-                        let dot: i32 = (32 * j..32 * j + 32)
-                            .map(|e| i32::from(q4k_weight(blk, e).0) * i32::from(qa[e]))
-                            .sum();
+                        let dot: i32 =
+                            (32 * j..32 * j + 32).map(|e| i32::from(q4k_weight(blk, e).0) * i32::from(qa[e])).sum();
                         i32::from(q4k_scale_min(scales, j).0) * dot
                     })
                     .sum();

@@ -12,8 +12,8 @@
 use core::arch::x86_64::*;
 
 use crate::act::ActRow;
-use crate::format::{Format, f16_at, q4k_scale_min};
-use crate::scalar::{LANES, q4k_summin, q4k_value, q6k_offset, q6k_value, q8_value, reduce_lanes};
+use crate::format::{Format, f16_at};
+use crate::scalar::{LANES, q4k_value, q6k_value, q8_value, reduce_lanes};
 
 /// Checks what the pointer arithmetic below relies on: whole blocks, and activation rows as long
 /// as the weight row.
@@ -38,8 +38,9 @@ pub(crate) unsafe fn dot_rows_avx2<const R: usize>(format: Format, w: &[u8], a: 
     unsafe { dispatch::<R, false>(format, w, a) }
 }
 
-/// AVX-512 VNNI entry point. Safety: the CPU must have AVX2, F16C, AVX-512 F/VL/VNNI.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+/// AVX-512 entry point (512-bit K-quant kernels, `vpdpbusd` for the 32-blocks). Safety: the CPU
+/// must have AVX2, F16C, AVX-512 F/BW/VL/VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot_rows_vnni<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
     check_shapes(format, w, a);
     // SAFETY: shapes checked above; the features are the caller's contract.
@@ -53,6 +54,8 @@ unsafe fn dispatch<const R: usize, const VNNI: bool>(format: Format, w: &[u8], a
         match format {
             Format::Q8_0 => q8_family::<R, VNNI, false>(w, a),
             Format::Q5_0 => q8_family::<R, VNNI, true>(w, a),
+            Format::Q4K if VNNI => q4k_zmm::<R>(w, a),
+            Format::Q6K if VNNI => q6k_zmm::<R>(w, a),
             Format::Q4K => q4k::<R>(w, a),
             Format::Q6K => q6k::<R>(w, a),
         }
@@ -209,26 +212,66 @@ unsafe fn q8_family<const R: usize, const VNNI: bool, const Q5: bool>(w: &[u8], 
     out
 }
 
+/// The eight 6-bit scales and mins of a Q4_K block from its 12 packed bytes (ggml's mask trick).
+#[inline(always)]
+fn q4k_unpack_scales(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    let scales_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+    let mins_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    sc[..4].copy_from_slice(&(u0 & LOW6).to_le_bytes());
+    sc[4..].copy_from_slice(&scales_hi.to_le_bytes());
+    mn[..4].copy_from_slice(&(u1 & LOW6).to_le_bytes());
+    mn[4..].copy_from_slice(&mins_hi.to_le_bytes());
+    (sc, mn)
+}
+
+/// Sums of the 32-value sub-blocks of one Q8_K block's activations, in the lane order
+/// [0, 1, 4, 5, 2, 3, 6, 7] that `hadd` of its sixteen 16-value sums produces.
+#[inline(always)]
+unsafe fn q8k_subblock_sums(bsums: *const i32) -> __m256i {
+    // SAFETY: `bsums` points at the block's 16 sums.
+    unsafe {
+        _mm256_hadd_epi32(
+            _mm256_loadu_si256(bsums as *const __m256i),
+            _mm256_loadu_si256(bsums.add(8) as *const __m256i),
+        )
+    }
+}
+
 #[inline(always)]
 unsafe fn q4k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
     let nb = w.len() / 144;
     let mut acc = [[0f32; LANES]; R];
-    // SAFETY: block b occupies w[144b..144b+144]; activation rows hold nb·256 values.
+    // SAFETY: block b occupies w[144b..144b+144]; activation rows hold nb·256 values, nb scales
+    // and 16·nb sums.
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
         for b in 0..nb {
             let blk = &w[144 * b..144 * b + 144];
-            let packed = &blk[4..16];
-            let mut sc = [0i16; 8];
-            for (j, s) in sc.iter_mut().enumerate() {
-                *s = i16::from(q4k_scale_min(packed, j).0);
-            }
+            let (sc, mn) = q4k_unpack_scales(&blk[4..16]);
+            let mins = _mm256_setr_epi32(
+                i32::from(mn[0]),
+                i32::from(mn[1]),
+                i32::from(mn[4]),
+                i32::from(mn[5]),
+                i32::from(mn[2]),
+                i32::from(mn[3]),
+                i32::from(mn[6]),
+                i32::from(mn[7]),
+            );
             let mut iacc = [_mm256_setzero_si256(); R];
             for j in 0..4 {
                 let bits = load(blk.as_ptr().add(16 + 32 * j));
                 let lo = _mm256_and_si256(bits, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                let (s_lo, s_hi) = (_mm256_set1_epi16(sc[2 * j]), _mm256_set1_epi16(sc[2 * j + 1]));
+                let s_lo = _mm256_set1_epi16(i16::from(sc[2 * j]));
+                let s_hi = _mm256_set1_epi16(i16::from(sc[2 * j + 1]));
                 for r in 0..R {
                     let ap = a[r].qs.as_ptr().add(256 * b + 64 * j);
                     let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load_i8(ap)), s_lo);
@@ -238,7 +281,8 @@ unsafe fn q4k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
             }
             let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
             for r in 0..R {
-                let summin = q4k_summin(packed, &a[r].sums[16 * b..16 * b + 16]);
+                let sub = q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b));
+                let summin = hsum_i32(_mm256_mullo_epi32(sub, mins));
                 acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, hsum_i32(iacc[r]), summin);
             }
         }
@@ -257,7 +301,17 @@ unsafe fn q6k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
         for b in 0..nb {
             let blk = &w[210 * b..210 * b + 210];
             let scales = &blk[192..208];
-            let s16 = |g: usize| i16::from(scales[g] as i8);
+            let sc_bytes = _mm_loadu_si128(scales.as_ptr() as *const __m128i);
+            // i32 scales for the −32 offset, and per 32-weight quarter an i16 vector whose low
+            // half repeats group g's scale and high half group g + 1's.
+            let sc_lo = _mm256_cvtepi8_epi32(sc_bytes);
+            let sc_hi = _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc_bytes));
+            let mut sv = [_mm256_setzero_si256(); 8];
+            for (i, s) in sv.iter_mut().enumerate() {
+                let (g0, g1) = (2 * i as i8, 2 * i as i8 + 1);
+                let pick = _mm_setr_epi8(g0, g0, g0, g0, g0, g0, g0, g0, g1, g1, g1, g1, g1, g1, g1, g1);
+                *s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc_bytes, pick));
+            }
             let mut iacc = [_mm256_setzero_si256(); R];
             for half in 0..2 {
                 let ql0 = load(blk.as_ptr().add(64 * half));
@@ -273,24 +327,172 @@ unsafe fn q6k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), h2),
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), h3),
                 ];
-                // u[i] holds weights 128·half + 32i .. +32: groups g and g + 1 of 16.
-                let mut sv = [_mm256_setzero_si256(); 4];
-                for (i, s) in sv.iter_mut().enumerate() {
-                    let g = 8 * half + 2 * i;
-                    *s = _mm256_set_m128i(_mm_set1_epi16(s16(g + 1)), _mm_set1_epi16(s16(g)));
-                }
+                // u[i] holds weights 128·half + 32i .. +32: groups 8·half + 2i and the next.
                 for r in 0..R {
                     let ap = a[r].qs.as_ptr().add(256 * b + 128 * half);
                     for i in 0..4 {
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], load_i8(ap.add(32 * i))), sv[i]);
+                        let p =
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], load_i8(ap.add(32 * i))), sv[4 * half + i]);
                         iacc[r] = _mm256_add_epi32(iacc[r], p);
                     }
                 }
             }
             let d = f16_at(blk, 208);
             for r in 0..R {
-                let offset = q6k_offset(scales, &a[r].sums[16 * b..16 * b + 16]);
+                let bs = a[r].sums.as_ptr().add(16 * b) as *const __m256i;
+                let weighted = _mm256_add_epi32(
+                    _mm256_mullo_epi32(_mm256_loadu_si256(bs), sc_lo),
+                    _mm256_mullo_epi32(_mm256_loadu_si256(bs.add(1)), sc_hi),
+                );
+                let offset = 32 * hsum_i32(weighted);
                 acc[r][b % LANES] += q6k_value(a[r].scales[b], d, hsum_i32(iacc[r]) - offset);
+            }
+        }
+    }
+    acc.map(|l| reduce_lanes(&l))
+}
+
+/// Sum of the sixteen i32 lanes (exact).
+#[inline(always)]
+unsafe fn hsum_i32_zmm(v: __m512i) -> i32 {
+    // SAFETY: register-only intrinsics.
+    unsafe { hsum_i32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))) }
+}
+
+/// Q4_K on 512-bit registers: each register holds one 64-weight chunk (low nibbles = sub-block
+/// 2j, high nibbles = 2j + 1), half the instructions per activation row of the AVX2 kernel.
+/// Same integer sums, same float operations.
+#[inline(always)]
+unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
+    let nb = w.len() / 144;
+    let mut acc = [[0f32; LANES]; R];
+    // SAFETY: as `q4k`.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        for b in 0..nb {
+            let blk = &w[144 * b..144 * b + 144];
+            let (sc, mn) = q4k_unpack_scales(&blk[4..16]);
+            let mins = _mm256_setr_epi32(
+                i32::from(mn[0]),
+                i32::from(mn[1]),
+                i32::from(mn[4]),
+                i32::from(mn[5]),
+                i32::from(mn[2]),
+                i32::from(mn[3]),
+                i32::from(mn[6]),
+                i32::from(mn[7]),
+            );
+            let mut wv = [_mm512_setzero_si512(); 4];
+            let mut sv = [_mm512_setzero_si512(); 4];
+            for j in 0..4 {
+                let bits = load(blk.as_ptr().add(16 + 32 * j));
+                let lo = _mm256_and_si256(bits, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                wv[j] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                sv[j] = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_set1_epi16(i16::from(sc[2 * j]))),
+                    _mm256_set1_epi16(i16::from(sc[2 * j + 1])),
+                );
+            }
+            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            for r in 0..R {
+                let ap = a[r].qs.as_ptr().add(256 * b);
+                let mut iacc = _mm512_setzero_si512();
+                for j in 0..4 {
+                    let av = _mm512_loadu_si512(ap.add(64 * j) as *const __m512i);
+                    iacc = _mm512_add_epi32(iacc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv[j], av), sv[j]));
+                }
+                let sub = q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b));
+                let summin = hsum_i32(_mm256_mullo_epi32(sub, mins));
+                acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, hsum_i32_zmm(iacc), summin);
+            }
+        }
+    }
+    acc.map(|l| reduce_lanes(&l))
+}
+
+/// Q6_K on 512-bit registers: one register per 64 consecutive weights (four groups of 16), and
+/// the −32 offset folded into the integer accumulator.
+#[inline(always)]
+unsafe fn q6k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
+    let nb = w.len() / 210;
+    let mut acc = [[0f32; LANES]; R];
+    // SAFETY: as `q6k`.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m3 = _mm256_set1_epi8(0x03);
+        for b in 0..nb {
+            let blk = &w[210 * b..210 * b + 210];
+            let sc_bytes = _mm_loadu_si128(blk.as_ptr().add(192) as *const __m128i);
+            // −32·s_g per 16-value run of activations, for the offset.
+            let neg32 = _mm512_mullo_epi32(_mm512_cvtepi8_epi32(sc_bytes), _mm512_set1_epi32(-32));
+            // Per 64 weights (groups 4k .. 4k + 4), i16 scales in runs of eight lanes.
+            let sc_both = _mm256_broadcastsi128_si256(sc_bytes);
+            let mut sv = [_mm512_setzero_si512(); 4];
+            for (k, s) in sv.iter_mut().enumerate() {
+                let g = 4 * k as i8;
+                let pick = _mm256_setr_epi8(
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 2,
+                    g + 2,
+                    g + 2,
+                    g + 2,
+                    g + 2,
+                    g + 2,
+                    g + 2,
+                    g + 2,
+                    g + 3,
+                    g + 3,
+                    g + 3,
+                    g + 3,
+                    g + 3,
+                    g + 3,
+                    g + 3,
+                    g + 3,
+                );
+                *s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc_both, pick));
+            }
+            let mut wv = [_mm512_setzero_si512(); 4];
+            for half in 0..2 {
+                let ql0 = load(blk.as_ptr().add(64 * half));
+                let ql1 = load(blk.as_ptr().add(64 * half + 32));
+                let qh = load(blk.as_ptr().add(128 + 32 * half));
+                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3));
+                let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3));
+                let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3));
+                let h3 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3));
+                let u0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), h0);
+                let u1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), h1);
+                let u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), h2);
+                let u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), h3);
+                wv[2 * half] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u0), u1);
+                wv[2 * half + 1] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u2), u3);
+            }
+            let d = f16_at(blk, 208);
+            for r in 0..R {
+                let ap = a[r].qs.as_ptr().add(256 * b);
+                let bs = _mm512_loadu_si512(a[r].sums.as_ptr().add(16 * b) as *const __m512i);
+                let mut iacc = _mm512_mullo_epi32(bs, neg32);
+                for i in 0..4 {
+                    let av = _mm512_loadu_si512(ap.add(64 * i) as *const __m512i);
+                    iacc = _mm512_add_epi32(iacc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv[i], av), sv[i]));
+                }
+                acc[r][b % LANES] += q6k_value(a[r].scales[b], d, hsum_i32_zmm(iacc));
             }
         }
     }

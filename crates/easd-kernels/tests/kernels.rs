@@ -84,7 +84,10 @@ fn products_agree_with_candles_dequantized_and_quantized_products() {
                     // the error is ~1e-3 of ‖x‖·‖w‖. Stated bound: 1%.
                     let tol = 0.01 * norm(xr) * norm(wr);
                     let got = ours[r * c.rows + n];
-                    assert!((got - exact).abs() <= tol, "{format:?} m {m} ({r},{n}): {got} vs exact {exact} (tol {tol})");
+                    assert!(
+                        (got - exact).abs() <= tol,
+                        "{format:?} m {m} ({r},{n}): {got} vs exact {exact} (tol {tol})"
+                    );
                     let candle = theirs[r * c.rows + n];
                     assert!((got - candle).abs() <= tol, "{format:?} m {m} ({r},{n}): {got} vs candle {candle}");
                 }
@@ -121,7 +124,8 @@ fn a_row_computed_in_a_batch_equals_it_computed_alone() {
             let batch = matmul_with(isa, &[&c.ours], &x, m).unwrap().remove(0);
             for r in 0..m {
                 let alone = matmul_with(isa, &[&c.ours], &x[r * cols..(r + 1) * cols], 1).unwrap().remove(0);
-                let same = alone.iter().zip(&batch[r * c.rows..(r + 1) * c.rows]).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same =
+                    alone.iter().zip(&batch[r * c.rows..(r + 1) * c.rows]).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{isa:?} {format:?}: row {r} of {m} differs from the row alone");
             }
         }

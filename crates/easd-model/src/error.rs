@@ -59,6 +59,8 @@ pub enum Error {
     Checksum { path: PathBuf, expected: String, actual: String },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    #[error("kernel: {0}")]
+    Kernel(#[from] easd_kernels::KernelError),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -7,7 +7,7 @@
 //! amortised) up to the model's context length.
 
 use crate::error::{Error, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Storage, Tensor};
 
 /// First allocation, in positions: enough for a prompt, small enough for many idle sessions.
 const INITIAL_CAPACITY: usize = 256;
@@ -104,6 +104,33 @@ impl KvCache {
         l.k.slice_set(k, 2, self.len)?;
         l.v.slice_set(v, 2, self.len)?;
         Ok((l.k.narrow(2, 0, self.len + seq)?, l.v.narrow(2, 0, self.len + seq)?))
+    }
+
+    /// Writes this step's keys/values like [`KvCache::append`] without making views.
+    pub(crate) fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        let l = &self.layers[layer];
+        l.k.slice_set(k, 2, self.len)?;
+        l.v.slice_set(v, 2, self.len)?;
+        Ok(())
+    }
+
+    /// Positions allocated per kv head: the stride of the buffers.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Runs `f` on layer `layer`'s CPU key and value buffers, each `[n_kv_heads][capacity][head_dim]`.
+    pub(crate) fn with_layer_buffers<T>(&self, layer: usize, f: impl FnOnce(&[f32], &[f32]) -> T) -> Result<T> {
+        let l = &self.layers[layer];
+        let (ks, kl) = l.k.storage_and_layout();
+        let (vs, vl) = l.v.storage_and_layout();
+        let (Storage::Cpu(k), Storage::Cpu(v)) = (&*ks, &*vs) else {
+            return Err(candle_core::Error::Msg("KV cache buffers are not on the CPU".into()).into());
+        };
+        let n = kl.shape().elem_count();
+        let k = &k.as_slice::<f32>()?[kl.start_offset()..kl.start_offset() + n];
+        let v = &v.as_slice::<f32>()?[vl.start_offset()..vl.start_offset() + n];
+        Ok(f(k, v))
     }
 
     pub(crate) fn advance(&mut self, seq: usize) {

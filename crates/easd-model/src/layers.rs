@@ -4,8 +4,10 @@
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::rope::Rope;
-use candle_core::quantized::QMatMul;
-use candle_core::{Module, Tensor};
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use easd_kernels::{AttentionShape, QMatrix};
+use std::sync::Arc;
 
 pub(crate) struct RmsNorm {
     pub weight: Tensor,
@@ -18,53 +20,88 @@ impl RmsNorm {
     }
 }
 
+/// A quantized weight: on the CPU the project's batch-invariant kernels, elsewhere candle's.
+pub(crate) enum Weight {
+    Kernel(Arc<QMatrix>),
+    Candle(QMatMul),
+}
+
+/// The token embedding table (also the head when the model ties them).
+pub(crate) enum Embedding {
+    Kernel(Arc<QMatrix>),
+    Candle(Arc<QTensor>),
+}
+
+impl Embedding {
+    /// `[1, seq, hidden]` rows of `tokens`.
+    pub fn lookup(&self, tokens: &[u32], device: &Device) -> Result<Tensor> {
+        match self {
+            Embedding::Kernel(m) => {
+                let h = m.cols();
+                let mut data = vec![0f32; tokens.len() * h];
+                for (row, &t) in data.chunks_exact_mut(h).zip(tokens) {
+                    m.dequantize_row(t as usize, row)?;
+                }
+                Ok(Tensor::from_vec(data, (1, tokens.len(), h), device)?)
+            }
+            Embedding::Candle(q) => Ok(q.embedding(&Tensor::new(tokens, device)?.unsqueeze(0)?)?),
+        }
+    }
+}
+
 /// A quantized projection with an optional bias (qwen2 has q/k/v biases, llama none).
-/// `in_pad` zero columns were appended to the weight at load (see `load.rs`); the input gets
-/// the same zero padding, which leaves the product unchanged.
 pub(crate) struct Linear {
-    pub weight: QMatMul,
+    pub weight: Weight,
     pub bias: Option<Tensor>,
-    pub in_pad: usize,
 }
 
 impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = if self.in_pad > 0 {
-            self.weight.forward(&x.pad_with_zeros(candle_core::D::Minus1, 0, self.in_pad)?)?
-        } else {
-            self.weight.forward(x)?
-        };
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        Ok(project(&[self], x)?.pop().expect("one projection"))
     }
 }
 
-/// Several projections of one input in a single kernel call (one input quantization, one
-/// parallel region) when candle has a fused kernel for them (x86 AVX-512 VNNI, same dtype and
-/// padding); None otherwise. Biases are added here like in [`Linear::forward`].
-fn fused(ls: &[&Linear], x: &Tensor) -> Result<Option<Vec<Tensor>>> {
-    let pad = ls[0].in_pad;
-    let mut ts = Vec::with_capacity(ls.len());
-    for l in ls {
-        match &l.weight {
-            QMatMul::QTensor(t) if l.in_pad == pad => ts.push(t.as_ref()),
-            _ => return Ok(None),
-        }
+fn kernel_project(ws: &[&QMatrix], x: &Tensor) -> Result<Vec<Tensor>> {
+    let dims = x.dims().to_vec();
+    let k = *dims.last().expect("input has a last dimension");
+    let input = x.flatten_all()?.to_vec1::<f32>()?;
+    let outs = easd_kernels::matmul(ws, &input, x.elem_count() / k)?;
+    let mut ys = Vec::with_capacity(ws.len());
+    for (out, w) in outs.into_iter().zip(ws) {
+        let mut shape = dims.clone();
+        *shape.last_mut().expect("non-empty") = w.rows();
+        ys.push(Tensor::from_vec(out, shape, x.device())?);
     }
-    let x = if pad > 0 { x.pad_with_zeros(candle_core::D::Minus1, 0, pad)? } else { x.clone() };
-    let Some(outs) = candle_core::quantized::QTensor::gemv_fused_shared_lhs(&ts, &x)? else {
-        return Ok(None);
+    Ok(ys)
+}
+
+/// Several projections of one input `[.., k]`. On the CPU one kernel call: one quantization of
+/// the input and one parallel region for all of them. Biases are added here.
+pub(crate) fn project(ls: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+    let kernels: Option<Vec<&QMatrix>> = ls
+        .iter()
+        .map(|l| match &l.weight {
+            Weight::Kernel(m) => Some(m.as_ref()),
+            Weight::Candle(_) => None,
+        })
+        .collect();
+    let ys = match kernels {
+        Some(ws) => kernel_project(&ws, x)?,
+        None => ls
+            .iter()
+            .map(|l| match &l.weight {
+                Weight::Candle(q) => Ok(q.forward(x)?),
+                Weight::Kernel(m) => Ok(kernel_project(&[m], x)?.remove(0)),
+            })
+            .collect::<Result<Vec<_>>>()?,
     };
-    let mut res = Vec::with_capacity(outs.len());
-    for (y, l) in outs.into_iter().zip(ls) {
-        res.push(match &l.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        });
-    }
-    Ok(Some(res))
+    ys.into_iter()
+        .zip(ls)
+        .map(|(y, l)| match &l.bias {
+            Some(b) => Ok(y.broadcast_add(b)?),
+            None => Ok(y),
+        })
+        .collect()
 }
 
 pub(crate) struct Mlp {
@@ -75,13 +112,9 @@ pub(crate) struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (gate, up) = match fused(&[&self.gate, &self.up], x)? {
-            Some(mut out) => {
-                let up = out.pop().expect("two outputs");
-                (out.pop().expect("two outputs"), up)
-            }
-            None => (self.gate.forward(x)?, self.up.forward(x)?),
-        };
+        let mut gate_up = project(&[&self.gate, &self.up], x)?;
+        let up = gate_up.pop().expect("two outputs");
+        let gate = gate_up.pop().expect("two outputs");
         let gate = candle_nn::ops::silu(&gate)?;
         self.down.forward(&(gate * up)?)
     }
@@ -112,38 +145,49 @@ impl Attention {
         let heads = |t: Tensor, n: usize| -> Result<Tensor> {
             Ok(t.reshape((b, seq, n, self.head_dim))?.transpose(1, 2)?.contiguous()?)
         };
-        let (q, k, v) = match fused(&[&self.q, &self.k, &self.v], x)? {
-            Some(mut out) => {
-                let v = out.pop().expect("three outputs");
-                let k = out.pop().expect("three outputs");
-                (out.pop().expect("three outputs"), k, v)
-            }
-            None => (self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?),
-        };
+        let mut qkv = project(&[&self.q, &self.k, &self.v], x)?;
+        let v = qkv.pop().expect("three outputs");
+        let k = qkv.pop().expect("three outputs");
+        let q = qkv.pop().expect("three outputs");
         let q = heads(q, self.n_heads)?;
         let k = heads(k, self.n_kv_heads)?;
         let v = heads(v, self.n_kv_heads)?;
         let q = rope.apply(&q, start)?;
         let k = rope.apply(&k, start)?;
-        let (k_all, v_all) = cache.append(layer, &k, &v)?;
-
-        // Grouped-query attention without copying the cache: the query heads that share one
-        // kv head are stacked along the row axis, so each kv head is used as is.
-        let n_rep = self.n_heads / self.n_kv_heads;
-        let q = q.reshape((b, self.n_kv_heads, n_rep * seq, self.head_dim))?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let scores = (q.matmul(&k_all.t()?)? * scale)?;
-        let scores = match mask {
-            Some(m) => scores.broadcast_add(m)?,
-            None => scores,
+        let out = if x.device().is_cpu() {
+            // The batch-invariant kernel reads the cache buffers in place.
+            cache.write(layer, &k, &v)?;
+            let shape = AttentionShape {
+                n_heads: self.n_heads,
+                n_kv_heads: self.n_kv_heads,
+                head_dim: self.head_dim,
+                seq,
+                start,
+                kv_capacity: cache.capacity(),
+            };
+            let q = q.flatten_all()?.to_vec1::<f32>()?;
+            let out = cache.with_layer_buffers(layer, |k, v| easd_kernels::attention(shape, &q, k, v, scale as f32))?;
+            Tensor::from_vec(out, (b, seq, self.n_heads * self.head_dim), x.device())?
+        } else {
+            let (k_all, v_all) = cache.append(layer, &k, &v)?;
+            // Grouped-query attention without copying the cache: the query heads that share one
+            // kv head are stacked along the row axis, so each kv head is used as is.
+            let n_rep = self.n_heads / self.n_kv_heads;
+            let q = q.reshape((b, self.n_kv_heads, n_rep * seq, self.head_dim))?;
+            let scores = (q.matmul(&k_all.t()?)? * scale)?;
+            let scores = match mask {
+                Some(m) => scores.broadcast_add(m)?,
+                None => scores,
+            };
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            let out = probs.matmul(&v_all)?; // [b, n_kv, n_rep*seq, hd]
+            out.reshape((b, self.n_heads, seq, self.head_dim))?.transpose(1, 2)?.reshape((
+                b,
+                seq,
+                self.n_heads * self.head_dim,
+            ))?
         };
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs.matmul(&v_all)?; // [b, n_kv, n_rep*seq, hd]
-        let out = out.reshape((b, self.n_heads, seq, self.head_dim))?.transpose(1, 2)?.reshape((
-            b,
-            seq,
-            self.n_heads * self.head_dim,
-        ))?;
         self.o.forward(&out)
     }
 }

@@ -10,9 +10,10 @@
 //! * [`tiny`] writes small random models of the same format for tests; [`pull`] fetches the
 //!   default draft/target pair.
 //!
-//! Numerics: candle uses different CPU kernels for one row (m = 1, a GEMV) and several rows
-//! (m > 1, repacked GEMM), so scoring a block in one pass and decoding it token by token can
-//! differ by up to ~0.5 in a logit on the real models. The batched path is the reference.
+//! Numerics: on the CPU the projections and attention run on `easd-kernels`, which are
+//! batch-invariant — a position's logits are bitwise identical whether it is computed alone, in
+//! a verify block or in a full-context rebuild — so greedy speculative decoding equals greedy
+//! target decoding token for token. On CUDA, candle's kernels run and that does not hold.
 
 mod config;
 mod error;
@@ -39,6 +40,17 @@ pub use model::{LoadOptions, Model, ModelInfo};
 pub use pull::{DefaultModel, ModelStatus, default_models_dir, list, pull, resolve_model};
 pub use tiny::{TinySpec, write_tiny_gguf};
 pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
+
+/// Sets the number of CPU kernel threads for the process (0 = all cores). Call it before the
+/// first model loads; afterwards only the same count is accepted.
+pub fn set_threads(n: usize) -> Result<()> {
+    Ok(easd_kernels::set_threads(n)?)
+}
+
+/// The CPU kernels' thread count and instruction-set path, for logs and summaries.
+pub fn kernel_description() -> String {
+    format!("{} threads, {}", easd_kernels::threads(), easd_kernels::Isa::active().name())
+}
 
 /// `"cpu"`, `"cuda"` or `"cuda:N"` to a device (CUDA needs the `cuda` feature).
 pub fn parse_device(s: &str) -> Result<Device> {

@@ -1,40 +1,32 @@
 //! Reading weights out of a GGUF file into the decoder's blocks. Weight names live only here.
 //!
-//! Re-quantization: candle's CPU kernels have SIMD dot products for Q4_0, Q8_0 and the K-quants,
-//! but Q5_0, Q5_1 and Q4_1 fall back to scalar code (the default 0.5B draft is mostly Q5_0,
-//! because 896 is not a multiple of 256). With `requantize` on (the default), such tensors are
-//! converted to Q8_0 at load: more memory (8.5 vs 5.5-6 bits/weight) but several times faster;
-//! Q8_0 is finer than the source, so the error added is tiny. See docs/BENCHMARKS.md.
-//!
-//! Padding: candle's fast AVX-512 VNNI kernels for Q8_0 (repacked tiles) need the inner
-//! dimension to be a multiple of 256. The 0.5B model's is 896, so with `requantize` on, its Q8_0
-//! weights get zero columns up to 1024 and the inputs are zero-padded to match: 14% more
-//! weight bytes, but several times faster batched (k-token) forwards and faster decoding.
+//! On the CPU every projection runs on the project's own kernels (`easd-kernels`: Q4_K, Q6_K,
+//! Q8_0 and Q5_0 natively, batch-invariant). A tensor in any other format (Q5_1, Q4_1, F16, …) is
+//! converted to Q8_0 at load — finer than those formats, so the error added is tiny. With
+//! `requantize` on, Q5_0 is converted too (more memory, slightly less work per weight). On other
+//! devices the weights stay as stored and candle's kernels run them.
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::layers::{Attention, Block, Linear, Mlp, RmsNorm};
+use crate::layers::{Attention, Block, Embedding, Linear, Mlp, RmsNorm, Weight};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
+use easd_kernels::{Format, QMatrix};
 use std::sync::Arc;
 
 /// What the loader did, for logs and the benchmark.
 #[derive(Clone, Debug, Default)]
 pub struct LoadStats {
-    /// Tensors converted to Q8_0, and their element count.
+    /// Tensors converted to Q8_0 for the CPU kernels, and their element count.
     pub requantized_tensors: usize,
     pub requantized_elements: usize,
-    /// Q8_0 weights zero-padded to an inner dimension that is a multiple of 256.
-    pub padded_tensors: usize,
+    /// Bytes of weights held by the CPU kernels (0 on other devices).
+    pub kernel_bytes: usize,
 }
 
-/// Inner-dimension multiple and output-dimension multiple of candle's repacked x86 kernels.
-const REPACK_K: usize = 256;
-const REPACK_N: usize = 16;
-
 pub(crate) struct Weights {
-    pub embed: Arc<QTensor>,
+    pub embed: Embedding,
     pub blocks: Vec<Block>,
     pub norm: RmsNorm,
     pub lm_head: Linear,
@@ -63,36 +55,50 @@ impl Loader<'_> {
                 expected: expected.to_vec(),
             });
         }
-        let slow = matches!(info.ggml_dtype, GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q4_1);
         let path = self.file.path.clone();
         let corrupt =
             |e: candle_core::Error| Error::Corrupt { path: path.clone(), reason: format!("tensor `{name}`: {e}") };
-        if self.requantize && slow && self.device.is_cpu() {
-            let t = self.file.content.tensor(&mut self.file.reader, name, &Device::Cpu).map_err(corrupt)?;
-            let dense = t.dequantize(&Device::Cpu)?;
-            self.stats.requantized_tensors += 1;
-            self.stats.requantized_elements += dense.elem_count();
-            return Ok(QTensor::quantize(&dense, GgmlDType::Q8_0)?);
+        let device = if self.device.is_cpu() { &Device::Cpu } else { self.device };
+        self.file.content.tensor(&mut self.file.reader, name, device).map_err(corrupt)
+    }
+
+    /// A `rows × cols` weight for the device: the CPU kernels' matrix, or candle's on other devices.
+    fn weight(&mut self, name: &str, out: usize, inp: usize) -> Result<Weight> {
+        let t = self.qtensor(name, &[out, inp])?;
+        if self.device.is_cpu() {
+            Ok(Weight::Kernel(Arc::new(self.kernel_matrix(t)?)))
+        } else {
+            Ok(Weight::Candle(QMatMul::from_qtensor(t)?))
         }
-        self.file.content.tensor(&mut self.file.reader, name, self.device).map_err(corrupt)
+    }
+
+    /// The kernels' copy of a CPU tensor, converted to Q8_0 when they have no kernel for its
+    /// format (or for Q5_0 with `requantize`).
+    fn kernel_matrix(&mut self, t: QTensor) -> Result<QMatrix> {
+        let (rows, cols) = t.shape().dims2()?;
+        let native = match t.dtype() {
+            GgmlDType::Q4K => Some(Format::Q4K),
+            GgmlDType::Q6K => Some(Format::Q6K),
+            GgmlDType::Q8_0 => Some(Format::Q8_0),
+            GgmlDType::Q5_0 if !self.requantize => Some(Format::Q5_0),
+            _ => None,
+        };
+        let (format, t) = match native {
+            Some(f) => (f, t),
+            None => {
+                let dense = t.dequantize(&Device::Cpu)?;
+                self.stats.requantized_tensors += 1;
+                self.stats.requantized_elements += dense.elem_count();
+                (Format::Q8_0, QTensor::quantize(&dense, GgmlDType::Q8_0)?)
+            }
+        };
+        let m = QMatrix::new(format, rows, cols, t.data()?.into_owned())?;
+        self.stats.kernel_bytes += m.bytes();
+        Ok(m)
     }
 
     fn matmul(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
-        let t = self.qtensor(name, &[out, inp])?;
-        let (t, in_pad) = self.pad_for_repack(t)?;
-        Ok(Linear { weight: QMatMul::from_qtensor(t)?, bias: None, in_pad })
-    }
-
-    /// Zero-pads a Q8_0 weight's inner dimension to a multiple of 256 (see the module doc).
-    fn pad_for_repack(&mut self, t: QTensor) -> Result<(QTensor, usize)> {
-        let (n, k) = t.shape().dims2()?;
-        let pad = k.next_multiple_of(REPACK_K) - k;
-        if !self.requantize || !self.device.is_cpu() || t.dtype() != GgmlDType::Q8_0 || pad == 0 || n % REPACK_N != 0 {
-            return Ok((t, 0));
-        }
-        let dense = t.dequantize(&Device::Cpu)?.pad_with_zeros(1, 0, pad)?;
-        self.stats.padded_tensors += 1;
-        Ok((QTensor::quantize(&dense, GgmlDType::Q8_0)?, pad))
+        Ok(Linear { weight: self.weight(name, out, inp)?, bias: None })
     }
 
     fn dense(&mut self, name: &str, len: usize) -> Result<Tensor> {
@@ -126,9 +132,11 @@ pub(crate) fn load_weights(
     let hd = cfg.head_dim;
     let tied = !l.has("output.weight");
     let embed = l.qtensor("token_embd.weight", &[vocab_size, h])?;
-    // A tied embedding is also the head: pad it like any projection; lookups drop the padding.
-    let (embed, embed_pad) = if tied { l.pad_for_repack(embed)? } else { (embed, 0) };
-    let embed = Arc::new(embed);
+    let embed = if device.is_cpu() {
+        Embedding::Kernel(Arc::new(l.kernel_matrix(embed)?))
+    } else {
+        Embedding::Candle(Arc::new(embed))
+    };
     let mut blocks = Vec::with_capacity(cfg.n_layers);
     for i in 0..cfg.n_layers {
         let p = format!("blk.{i}");
@@ -161,7 +169,11 @@ pub(crate) fn load_weights(
     let norm = RmsNorm { weight: l.dense("output_norm.weight", h)?, eps: cfg.rms_eps as f32 };
     // Tied embeddings (qwen2 small models): no `output.weight`, the embedding doubles as head.
     let lm_head = if tied {
-        Linear { weight: QMatMul::from_arc(embed.clone())?, bias: None, in_pad: embed_pad }
+        let weight = match &embed {
+            Embedding::Kernel(m) => Weight::Kernel(m.clone()),
+            Embedding::Candle(t) => Weight::Candle(QMatMul::from_arc(t.clone())?),
+        };
+        Linear { weight, bias: None }
     } else {
         l.matmul("output.weight", vocab_size, h)?
     };

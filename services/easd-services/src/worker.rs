@@ -21,9 +21,13 @@ pub struct WorkerArgs {
     /// cpu | cuda | cuda:N
     #[arg(long, default_value = "cpu", env = "EASD_DEVICE")]
     pub device: String,
-    /// Keep Q5_0/Q5_1/Q4_1 tensors as they are instead of re-quantizing them to Q8_0.
+    /// Also convert Q5_0 tensors to Q8_0 at load (more memory; formats without a CPU kernel are always converted).
     #[arg(long)]
-    pub no_requantize: bool,
+    pub requantize: bool,
+    /// CPU kernel threads (0 = all cores). When the worker shares cores with other busy
+    /// processes, give it its share; one forward runs at a time, using all of them.
+    #[arg(long, default_value_t = 0, env = "EASD_THREADS")]
+    pub threads: usize,
     /// Memory budget for all session KV caches, in MiB.
     #[arg(long, default_value_t = 4096, env = "EASD_KV_BUDGET_MIB")]
     pub kv_budget_mib: usize,
@@ -45,8 +49,9 @@ pub async fn run_worker(role: Role, listen: SocketAddr, model: &str, args: Worke
     let options = args.tls.options(None)?;
     let metrics = args.metrics.bind().await?;
     let path = resolve_model(model, &default_models_dir(), false).context("resolving the model")?;
+    easd_model::set_threads(args.threads)?;
     let load =
-        LoadOptions { device: parse_device(&args.device)?, requantize: !args.no_requantize, ..LoadOptions::default() };
+        LoadOptions { device: parse_device(&args.device)?, requantize: args.requantize, ..LoadOptions::default() };
     let model = load_model(&path, &load).await.with_context(|| format!("loading {}", path.display()))?;
     let limits = SessionLimits {
         budget_bytes: args.kv_budget_mib << 20,

@@ -26,16 +26,20 @@ pub struct ModelSource {
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Keep Q5_0/Q5_1/Q4_1 tensors as they are (default: re-quantize them to Q8_0).
+    /// Also convert Q5_0 tensors to Q8_0 at load (formats without a CPU kernel are always converted).
     #[arg(long)]
-    pub no_requantize: bool,
+    pub requantize: bool,
+    /// CPU kernel threads (0 = all cores).
+    #[arg(long, default_value_t = 0, env = "EASD_THREADS")]
+    pub threads: usize,
 }
 
 impl ModelSource {
     fn load(&self) -> anyhow::Result<(Model, f64)> {
         let dir = self.dir.clone().unwrap_or_else(default_models_dir);
         let path = resolve_model(&self.model, &dir, false)?;
-        let opts = LoadOptions { device: parse_device(&self.device)?, requantize: !self.no_requantize, warmup: true };
+        easd_model::set_threads(self.threads)?;
+        let opts = LoadOptions { device: parse_device(&self.device)?, requantize: self.requantize, warmup: true };
         let t = Instant::now();
         let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
         Ok((model, t.elapsed().as_secs_f64()))
@@ -100,11 +104,11 @@ fn bench_model(args: ModelBenchArgs) -> anyhow::Result<()> {
     );
     let stats = model.load_stats();
     println!(
-        "load: {load_s:.2} s incl. warm-up; re-quantized to Q8_0: {} tensors ({:.1} M weights); padded for the repacked kernels: {}; cpus: {}",
+        "load: {load_s:.2} s incl. warm-up; re-quantized to Q8_0: {} tensors ({:.1} M weights); kernel weights {:.1} MiB; kernels: {}",
         stats.requantized_tensors,
         stats.requantized_elements as f64 / 1e6,
-        stats.padded_tensors,
-        candle_threads()
+        stats.kernel_bytes as f64 / 1048576.0,
+        easd_model::kernel_description()
     );
 
     let prompt = prompt_tokens(&model, args.prompt_tokens)?;
@@ -246,8 +250,4 @@ fn proc_status_kib(field: &str) -> u64 {
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
         .unwrap_or(0)
-}
-
-fn candle_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }

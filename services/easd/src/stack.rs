@@ -21,9 +21,13 @@ pub struct LocalArgs {
     /// cpu | cuda | cuda:N
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Keep Q5_0/Q5_1/Q4_1 tensors as they are instead of re-quantizing them to Q8_0.
+    /// Also convert Q5_0 tensors to Q8_0 at load (more memory; formats without a CPU kernel are always converted).
     #[arg(long)]
-    pub no_requantize: bool,
+    pub requantize: bool,
+    /// CPU kernel threads for the whole process (0 = all cores). With other work on the same
+    /// cores, give each process its share (e.g. `--threads 1` beside another busy process).
+    #[arg(long, default_value_t = 0, env = "EASD_THREADS")]
+    pub threads: usize,
     /// Verifier replicas to start.
     #[arg(long, default_value_t = 1)]
     pub verifiers: usize,
@@ -35,11 +39,9 @@ impl LocalArgs {
         let dir = self.models_dir.clone().unwrap_or_else(default_models_dir);
         let draft = resolve_model(&self.draft_model, &dir, true).context("resolving the draft model")?;
         let target = resolve_model(&self.target_model, &dir, true).context("resolving the target model")?;
-        let load = LoadOptions {
-            device: parse_device(&self.device)?,
-            requantize: !self.no_requantize,
-            ..LoadOptions::default()
-        };
+        easd_model::set_threads(self.threads)?;
+        let load =
+            LoadOptions { device: parse_device(&self.device)?, requantize: self.requantize, ..LoadOptions::default() };
         eprintln!("loading {} and {} …", draft.display(), target.display());
         let opts = LocalOptions { verifier_replicas: self.verifiers, ..opts };
         LocalStack::start_from_files(&draft, &target, &load, opts).await.context("starting the local stack")
