@@ -372,15 +372,12 @@ unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
         for b in 0..nb {
             let blk = &w[144 * b..144 * b + 144];
             let (sc, mn) = q4k_unpack_scales(&blk[4..16]);
-            let mins = _mm256_setr_epi32(
-                i32::from(mn[0]),
-                i32::from(mn[1]),
-                i32::from(mn[4]),
-                i32::from(mn[5]),
-                i32::from(mn[2]),
-                i32::from(mn[3]),
-                i32::from(mn[6]),
-                i32::from(mn[7]),
+            // Scales as i16 (lanes 0..8), then per chunk j: sixteen lanes of s_2j, sixteen of s_2j+1.
+            let sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128(i64::from_le_bytes(sc))));
+            // Mins as i32 in the lane order of `q8k_subblock_sums`.
+            let mins = _mm256_permutevar8x32_epi32(
+                _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(mn))),
+                _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
             );
             let mut wv = [_mm512_setzero_si512(); 4];
             let mut sv = [_mm512_setzero_si512(); 4];
@@ -389,10 +386,11 @@ unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                 let lo = _mm256_and_si256(bits, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
                 wv[j] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                sv[j] = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_set1_epi16(i16::from(sc[2 * j]))),
-                    _mm256_set1_epi16(i16::from(sc[2 * j + 1])),
+                let pick = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_set1_epi16(2 * j as i16)),
+                    _mm256_set1_epi16(2 * j as i16 + 1),
                 );
+                sv[j] = _mm512_permutexvar_epi16(pick, sc16);
             }
             let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
             for r in 0..R {
@@ -403,12 +401,25 @@ unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                     iacc = _mm512_add_epi32(iacc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv[j], av), sv[j]));
                 }
                 let sub = q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b));
-                let summin = hsum_i32(_mm256_mullo_epi32(sub, mins));
-                acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, hsum_i32_zmm(iacc), summin);
+                let (isum, summin) = hsum_pair(iacc, _mm256_mullo_epi32(sub, mins));
+                acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, isum, summin);
             }
         }
     }
     acc.map(|l| reduce_lanes(&l))
+}
+
+/// (Σ lanes of `x`, Σ lanes of `y`) in one reduction (exact).
+#[inline(always)]
+unsafe fn hsum_pair(x: __m512i, y: __m256i) -> (i32, i32) {
+    // SAFETY: register-only intrinsics.
+    unsafe {
+        let x = _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64::<1>(x));
+        let h = _mm256_hadd_epi32(x, y);
+        let h = _mm256_hadd_epi32(h, h);
+        let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
+    }
 }
 
 /// Q6_K on 512-bit registers: one register per 64 consecutive weights (four groups of 16), and
