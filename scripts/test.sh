@@ -13,6 +13,9 @@ cargo fmt --all -- --check
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast
 
+step "model runtime on the portable kernels (as on a CPU without AVX2; must give the same bits)"
+EASD_KERNELS=portable cargo test -p easd-kernels -p easd-model --lib --no-fail-fast
+
 if [ -f tests/openai/run.sh ]; then
   step "OpenAI API tests (official openai client)"
   bash tests/openai/run.sh

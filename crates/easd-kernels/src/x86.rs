@@ -393,20 +393,63 @@ unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                 sv[j] = _mm512_permutexvar_epi16(pick, sc16);
             }
             let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            let mut iacc = [_mm512_setzero_si512(); R];
+            let mut minsum = [_mm256_setzero_si256(); R];
             for r in 0..R {
                 let ap = a[r].qs.as_ptr().add(256 * b);
-                let mut iacc = _mm512_setzero_si512();
                 for j in 0..4 {
                     let av = _mm512_loadu_si512(ap.add(64 * j) as *const __m512i);
-                    iacc = _mm512_add_epi32(iacc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv[j], av), sv[j]));
+                    iacc[r] = _mm512_add_epi32(iacc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(wv[j], av), sv[j]));
                 }
-                let sub = q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b));
-                let (isum, summin) = hsum_pair(iacc, _mm256_mullo_epi32(sub, mins));
-                acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, isum, summin);
+                minsum[r] = _mm256_mullo_epi32(q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b)), mins);
+            }
+            if R == 4 {
+                // Four rows reduced together; the float steps run lane-wise, the same IEEE
+                // operations as `q4k_value` per row.
+                let isum = _mm_cvtepi32_ps(hsum4_zmm(&iacc));
+                let summin = _mm_cvtepi32_ps(hsum4_ymm(&minsum));
+                let da = _mm_setr_ps(a[0].scales[b], a[1 % R].scales[b], a[2 % R].scales[b], a[3 % R].scales[b]);
+                let v = _mm_sub_ps(
+                    _mm_mul_ps(_mm_mul_ps(da, _mm_set1_ps(d)), isum),
+                    _mm_mul_ps(_mm_mul_ps(da, _mm_set1_ps(dmin)), summin),
+                );
+                let mut vs = [0f32; 4];
+                _mm_storeu_ps(vs.as_mut_ptr(), v);
+                for r in 0..R {
+                    acc[r][b % LANES] += vs[r];
+                }
+            } else {
+                for r in 0..R {
+                    let (isum, summin) = hsum_pair(iacc[r], minsum[r]);
+                    acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, isum, summin);
+                }
             }
         }
     }
     acc.map(|l| reduce_lanes(&l))
+}
+
+/// Lane sums of four 16-lane vectors, as the four lanes of the result (exact).
+#[inline(always)]
+unsafe fn hsum4_zmm(v: &[__m512i]) -> __m128i {
+    // SAFETY: register-only intrinsics.
+    unsafe {
+        let mut y = [_mm256_setzero_si256(); 4];
+        for (y, &x) in y.iter_mut().zip(v) {
+            *y = _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64::<1>(x));
+        }
+        hsum4_ymm(&y)
+    }
+}
+
+/// Lane sums of four 8-lane vectors, as the four lanes of the result (exact).
+#[inline(always)]
+unsafe fn hsum4_ymm(v: &[__m256i]) -> __m128i {
+    // SAFETY: register-only intrinsics.
+    unsafe {
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+    }
 }
 
 /// (Σ lanes of `x`, Σ lanes of `y`) in one reduction (exact).
@@ -495,15 +538,29 @@ unsafe fn q6k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                 wv[2 * half + 1] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u2), u3);
             }
             let d = f16_at(blk, 208);
+            let mut iacc = [_mm512_setzero_si512(); R];
             for r in 0..R {
                 let ap = a[r].qs.as_ptr().add(256 * b);
                 let bs = _mm512_loadu_si512(a[r].sums.as_ptr().add(16 * b) as *const __m512i);
-                let mut iacc = _mm512_mullo_epi32(bs, neg32);
+                iacc[r] = _mm512_mullo_epi32(bs, neg32);
                 for i in 0..4 {
                     let av = _mm512_loadu_si512(ap.add(64 * i) as *const __m512i);
-                    iacc = _mm512_add_epi32(iacc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv[i], av), sv[i]));
+                    iacc[r] = _mm512_add_epi32(iacc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(wv[i], av), sv[i]));
                 }
-                acc[r][b % LANES] += q6k_value(a[r].scales[b], d, hsum_i32_zmm(iacc));
+            }
+            if R == 4 {
+                // As in `q4k_zmm`: lane-wise, the same operations as `q6k_value`.
+                let isum = _mm_cvtepi32_ps(hsum4_zmm(&iacc));
+                let da = _mm_setr_ps(a[0].scales[b], a[1 % R].scales[b], a[2 % R].scales[b], a[3 % R].scales[b]);
+                let mut vs = [0f32; 4];
+                _mm_storeu_ps(vs.as_mut_ptr(), _mm_mul_ps(_mm_mul_ps(da, _mm_set1_ps(d)), isum));
+                for r in 0..R {
+                    acc[r][b % LANES] += vs[r];
+                }
+            } else {
+                for r in 0..R {
+                    acc[r][b % LANES] += q6k_value(a[r].scales[b], d, hsum_i32_zmm(iacc[r]));
+                }
             }
         }
     }
