@@ -22,7 +22,7 @@ pub struct AttentionShape {
     pub kv_capacity: usize,
 }
 
-/// `q`: `[n_heads][seq][head_dim]` (rotated); `k`, `v`: `[n_kv_heads][kv_capacity][head_dim]`
+/// `q`: `[seq][n_heads][head_dim]` (rotated); `k`, `v`: `[n_kv_heads][kv_capacity][head_dim]`
 /// holding positions `0..start + seq`. Returns `[seq][n_heads · head_dim]`.
 pub fn attention(shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32], scale: f32) -> Vec<f32> {
     let AttentionShape { n_heads, n_kv_heads, head_dim: hd, seq, start, kv_capacity } = shape;
@@ -38,7 +38,7 @@ pub fn attention(shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32], scale: 
         let (i, h) = (idx / n_heads, idx % n_heads);
         let keys = start + i + 1;
         let base = (h / group) * kv_capacity * hd;
-        let qrow = &q[(h * seq + i) * hd..(h * seq + i + 1) * hd];
+        let qrow = &q[(i * n_heads + h) * hd..(i * n_heads + h + 1) * hd];
         head(isa, qrow, &k[base..base + keys * hd], &v[base..base + keys * hd], scale, scores, o);
     };
     if seq * n_heads == 1 {

@@ -15,6 +15,7 @@
 
 mod act;
 mod attention;
+mod elementwise;
 mod format;
 mod isa;
 mod matmul;
@@ -25,6 +26,7 @@ mod x86;
 
 pub use act::QuantizedActs;
 pub use attention::{AttentionShape, attention};
+pub use elementwise::{add_assign, add_bias_rows, rms_norm_rows, rope_rows, silu_mul};
 pub use format::{ActFormat, Format};
 pub use isa::Isa;
 pub use matmul::{QMatrix, matmul, matmul_with};

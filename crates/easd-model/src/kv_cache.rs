@@ -7,7 +7,7 @@
 //! amortised) up to the model's context length.
 
 use crate::error::{Error, Result};
-use candle_core::{DType, Device, Storage, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 /// First allocation, in positions: enough for a prompt, small enough for many idle sessions.
 const INITIAL_CAPACITY: usize = 256;
@@ -26,9 +26,11 @@ pub struct KvCache {
     device: Device,
 }
 
-struct LayerCache {
-    k: Tensor,
-    v: Tensor,
+/// One layer's buffers: plain vectors on the CPU (read in place by the attention kernel),
+/// candle tensors on other devices.
+enum LayerCache {
+    Host { k: Vec<f32>, v: Vec<f32> },
+    Device { k: Tensor, v: Tensor },
 }
 
 impl KvCache {
@@ -78,17 +80,35 @@ impl KvCache {
         }
         let capacity = capacity.min(self.max_len).max(needed);
         let shape = (1, self.n_kv_heads, capacity, self.head_dim);
+        let (hd, old_cap, len) = (self.head_dim, self.capacity, self.len);
         let mut layers = Vec::with_capacity(self.n_layers);
         for i in 0..self.n_layers {
-            let k = Tensor::zeros(shape, DType::F32, &self.device)?;
-            let v = Tensor::zeros(shape, DType::F32, &self.device)?;
-            if let Some(old) = self.layers.get(i)
-                && self.len > 0
-            {
-                k.slice_set(&old.k.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
-                v.slice_set(&old.v.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
-            }
-            layers.push(LayerCache { k, v });
+            let layer = match (&self.device, self.layers.get(i)) {
+                (Device::Cpu, old) => {
+                    let mut k = vec![0f32; self.n_kv_heads * capacity * hd];
+                    let mut v = vec![0f32; self.n_kv_heads * capacity * hd];
+                    if let Some(LayerCache::Host { k: ok, v: ov }) = old {
+                        for h in 0..self.n_kv_heads {
+                            let (src, dst) = (h * old_cap * hd, h * capacity * hd);
+                            k[dst..dst + len * hd].copy_from_slice(&ok[src..src + len * hd]);
+                            v[dst..dst + len * hd].copy_from_slice(&ov[src..src + len * hd]);
+                        }
+                    }
+                    LayerCache::Host { k, v }
+                }
+                (device, old) => {
+                    let k = Tensor::zeros(shape, DType::F32, device)?;
+                    let v = Tensor::zeros(shape, DType::F32, device)?;
+                    if let Some(LayerCache::Device { k: ok, v: ov }) = old
+                        && len > 0
+                    {
+                        k.slice_set(&ok.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+                        v.slice_set(&ov.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+                    }
+                    LayerCache::Device { k, v }
+                }
+            };
+            layers.push(layer);
         }
         self.layers = layers;
         self.capacity = capacity;
@@ -96,21 +116,32 @@ impl KvCache {
     }
 
     /// Writes this step's keys/values `[1, n_kv, seq, hd]` of `layer` at position `self.len()`
-    /// and returns views over all valid positions including them. The caller bumps the length
-    /// with [`KvCache::advance`] once every layer has been written.
+    /// and returns views over all valid positions including them (device caches). The caller
+    /// bumps the length with [`KvCache::advance`] once every layer has been written.
     pub(crate) fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let seq = k.dim(2)?;
-        let l = &self.layers[layer];
-        l.k.slice_set(k, 2, self.len)?;
-        l.v.slice_set(v, 2, self.len)?;
-        Ok((l.k.narrow(2, 0, self.len + seq)?, l.v.narrow(2, 0, self.len + seq)?))
+        let LayerCache::Device { k: kb, v: vb } = &self.layers[layer] else {
+            return Err(candle_core::Error::Msg("append on a host KV cache".into()).into());
+        };
+        kb.slice_set(k, 2, self.len)?;
+        vb.slice_set(v, 2, self.len)?;
+        Ok((kb.narrow(2, 0, self.len + seq)?, vb.narrow(2, 0, self.len + seq)?))
     }
 
-    /// Writes this step's keys/values like [`KvCache::append`] without making views.
-    pub(crate) fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<()> {
-        let l = &self.layers[layer];
-        l.k.slice_set(k, 2, self.len)?;
-        l.v.slice_set(v, 2, self.len)?;
+    /// Writes `seq` positions of keys and values given as rows `[seq][n_kv_heads · head_dim]`
+    /// at position `self.len()` of a host cache's `layer`.
+    pub(crate) fn write_rows(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let (hd, cap, len, n_kv) = (self.head_dim, self.capacity, self.len, self.n_kv_heads);
+        let LayerCache::Host { k: kb, v: vb } = &mut self.layers[layer] else {
+            return Err(candle_core::Error::Msg("host write on a device KV cache".into()).into());
+        };
+        for (i, (kr, vr)) in k.chunks_exact(n_kv * hd).zip(v.chunks_exact(n_kv * hd)).enumerate() {
+            for h in 0..n_kv {
+                let at = (h * cap + len + i) * hd;
+                kb[at..at + hd].copy_from_slice(&kr[h * hd..(h + 1) * hd]);
+                vb[at..at + hd].copy_from_slice(&vr[h * hd..(h + 1) * hd]);
+            }
+        }
         Ok(())
     }
 
@@ -119,18 +150,12 @@ impl KvCache {
         self.capacity
     }
 
-    /// Runs `f` on layer `layer`'s CPU key and value buffers, each `[n_kv_heads][capacity][head_dim]`.
-    pub(crate) fn with_layer_buffers<T>(&self, layer: usize, f: impl FnOnce(&[f32], &[f32]) -> T) -> Result<T> {
-        let l = &self.layers[layer];
-        let (ks, kl) = l.k.storage_and_layout();
-        let (vs, vl) = l.v.storage_and_layout();
-        let (Storage::Cpu(k), Storage::Cpu(v)) = (&*ks, &*vs) else {
-            return Err(candle_core::Error::Msg("KV cache buffers are not on the CPU".into()).into());
-        };
-        let n = kl.shape().elem_count();
-        let k = &k.as_slice::<f32>()?[kl.start_offset()..kl.start_offset() + n];
-        let v = &v.as_slice::<f32>()?[vl.start_offset()..vl.start_offset() + n];
-        Ok(f(k, v))
+    /// Layer `layer`'s host key and value buffers, each `[n_kv_heads][capacity][head_dim]`.
+    pub(crate) fn host_buffers(&self, layer: usize) -> Result<(&[f32], &[f32])> {
+        match &self.layers[layer] {
+            LayerCache::Host { k, v } => Ok((k, v)),
+            LayerCache::Device { .. } => Err(candle_core::Error::Msg("device KV cache read as host".into()).into()),
+        }
     }
 
     pub(crate) fn advance(&mut self, seq: usize) {

@@ -1,5 +1,7 @@
 //! The decoder block shared by qwen2 and llama: RMSNorm → GQA attention with RoPE → residual,
 //! RMSNorm → SwiGLU MLP → residual. Private building blocks; weights come from `load.rs`.
+//! Two paths: on the CPU (`*_host`) every operation runs on `easd-kernels` over plain row-major
+//! vectors (batch-invariant, no candle ops); on other devices candle tensors and kernels.
 
 use crate::error::Result;
 use crate::kv_cache::KvCache;
@@ -11,10 +13,23 @@ use std::sync::Arc;
 
 pub(crate) struct RmsNorm {
     pub weight: Tensor,
+    /// The weight as a host vector (CPU models).
+    pub host: Vec<f32>,
     pub eps: f32,
 }
 
 impl RmsNorm {
+    pub fn new(weight: Tensor, eps: f32) -> Result<Self> {
+        let host = if weight.device().is_cpu() { weight.to_vec1::<f32>()? } else { Vec::new() };
+        Ok(Self { weight, host, eps })
+    }
+
+    fn forward_host(&self, x: &[f32]) -> Vec<f32> {
+        let mut y = x.to_vec();
+        easd_kernels::rms_norm_rows(&mut y, &self.host, self.eps);
+        y
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
     }
@@ -33,19 +48,27 @@ pub(crate) enum Embedding {
 }
 
 impl Embedding {
-    /// `[1, seq, hidden]` rows of `tokens`.
+    /// `[1, seq, hidden]` rows of `tokens` (device models).
     pub fn lookup(&self, tokens: &[u32], device: &Device) -> Result<Tensor> {
         match self {
             Embedding::Kernel(m) => {
-                let h = m.cols();
-                let mut data = vec![0f32; tokens.len() * h];
-                for (row, &t) in data.chunks_exact_mut(h).zip(tokens) {
-                    m.dequantize_row(t as usize, row)?;
-                }
-                Ok(Tensor::from_vec(data, (1, tokens.len(), h), device)?)
+                Ok(Tensor::from_vec(self.lookup_host(tokens)?, (1, tokens.len(), m.cols()), device)?)
             }
             Embedding::Candle(q) => Ok(q.embedding(&Tensor::new(tokens, device)?.unsqueeze(0)?)?),
         }
+    }
+
+    /// Rows `[seq][hidden]` of `tokens` (CPU models).
+    pub fn lookup_host(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let Embedding::Kernel(m) = self else {
+            return Err(candle_core::Error::Msg("host lookup of a device embedding".into()).into());
+        };
+        let h = m.cols();
+        let mut data = vec![0f32; tokens.len() * h];
+        for (row, &t) in data.chunks_exact_mut(h).zip(tokens) {
+            m.dequantize_row(t as usize, row)?;
+        }
+        Ok(data)
     }
 }
 
@@ -53,6 +76,8 @@ impl Embedding {
 pub(crate) struct Linear {
     pub weight: Weight,
     pub bias: Option<Tensor>,
+    /// The bias as a host vector (CPU models).
+    pub bias_host: Option<Vec<f32>>,
 }
 
 impl Linear {
@@ -61,45 +86,38 @@ impl Linear {
     }
 }
 
-fn kernel_project(ws: &[&QMatrix], x: &Tensor) -> Result<Vec<Tensor>> {
-    let dims = x.dims().to_vec();
-    let k = *dims.last().expect("input has a last dimension");
-    let input = x.flatten_all()?.to_vec1::<f32>()?;
-    let outs = easd_kernels::matmul(ws, &input, x.elem_count() / k)?;
-    let mut ys = Vec::with_capacity(ws.len());
-    for (out, w) in outs.into_iter().zip(ws) {
-        let mut shape = dims.clone();
-        *shape.last_mut().expect("non-empty") = w.rows();
-        ys.push(Tensor::from_vec(out, shape, x.device())?);
+/// Several projections of the rows `x` (`rows × k`) on the CPU kernels, biases added.
+pub(crate) fn project_host(ls: &[&Linear], x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>> {
+    let ws = ls
+        .iter()
+        .map(|l| match &l.weight {
+            Weight::Kernel(m) => Ok(m.as_ref()),
+            Weight::Candle(_) => Err(candle_core::Error::Msg("host projection of a device weight".into()).into()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut ys = easd_kernels::matmul(&ws, x, rows)?;
+    for (y, l) in ys.iter_mut().zip(ls) {
+        if let Some(b) = &l.bias_host {
+            easd_kernels::add_bias_rows(y, b);
+        }
     }
     Ok(ys)
 }
 
-/// Several projections of one input `[.., k]`. On the CPU one kernel call: one quantization of
-/// the input and one parallel region for all of them. Biases are added here.
+/// Several projections of one input `[.., k]` on a device (candle's kernels), biases added.
 pub(crate) fn project(ls: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
-    let kernels: Option<Vec<&QMatrix>> = ls
-        .iter()
-        .map(|l| match &l.weight {
-            Weight::Kernel(m) => Some(m.as_ref()),
-            Weight::Candle(_) => None,
-        })
-        .collect();
-    let ys = match kernels {
-        Some(ws) => kernel_project(&ws, x)?,
-        None => ls
-            .iter()
-            .map(|l| match &l.weight {
-                Weight::Candle(q) => Ok(q.forward(x)?),
-                Weight::Kernel(m) => Ok(kernel_project(&[m], x)?.remove(0)),
+    ls.iter()
+        .map(|l| {
+            let y = match &l.weight {
+                Weight::Candle(q) => q.forward(x)?,
+                Weight::Kernel(_) => {
+                    return Err(candle_core::Error::Msg("device projection of a host weight".into()).into());
+                }
+            };
+            Ok(match &l.bias {
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
             })
-            .collect::<Result<Vec<_>>>()?,
-    };
-    ys.into_iter()
-        .zip(ls)
-        .map(|(y, l)| match &l.bias {
-            Some(b) => Ok(y.broadcast_add(b)?),
-            None => Ok(y),
         })
         .collect()
 }
@@ -111,6 +129,14 @@ pub(crate) struct Mlp {
 }
 
 impl Mlp {
+    fn forward_host(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        let mut gate_up = project_host(&[&self.gate, &self.up], x, rows)?;
+        let up = gate_up.pop().expect("two outputs");
+        let mut gate = gate_up.pop().expect("two outputs");
+        easd_kernels::silu_mul(&mut gate, &up);
+        Ok(project_host(&[&self.down], &gate, rows)?.remove(0))
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut gate_up = project(&[&self.gate, &self.up], x)?;
         let up = gate_up.pop().expect("two outputs");
@@ -131,6 +157,30 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
+    /// CPU path: `x` is `[seq][hidden]` at positions `cache.len()..`; writes this layer's
+    /// keys/values and returns the attention block's output rows.
+    fn forward_host(&self, x: &[f32], seq: usize, layer: usize, cache: &mut KvCache, rope: &Rope) -> Result<Vec<f32>> {
+        let start = cache.len();
+        let mut qkv = project_host(&[&self.q, &self.k, &self.v], x, seq)?;
+        let v = qkv.pop().expect("three outputs");
+        let mut k = qkv.pop().expect("three outputs");
+        let mut q = qkv.pop().expect("three outputs");
+        rope.apply_host(&mut q, self.n_heads, start);
+        rope.apply_host(&mut k, self.n_kv_heads, start);
+        cache.write_rows(layer, &k, &v)?;
+        let shape = AttentionShape {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            seq,
+            start,
+            kv_capacity: cache.capacity(),
+        };
+        let (kb, vb) = cache.host_buffers(layer)?;
+        let out = easd_kernels::attention(shape, &q, kb, vb, 1.0 / (self.head_dim as f32).sqrt());
+        Ok(project_host(&[&self.o], &out, seq)?.remove(0))
+    }
+
     /// `x`: `[1, seq, hidden]` at positions `cache.len()..`; writes this layer's keys/values.
     fn forward(
         &self,
@@ -155,21 +205,7 @@ impl Attention {
         let q = rope.apply(&q, start)?;
         let k = rope.apply(&k, start)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let out = if x.device().is_cpu() {
-            // The batch-invariant kernel reads the cache buffers in place.
-            cache.write(layer, &k, &v)?;
-            let shape = AttentionShape {
-                n_heads: self.n_heads,
-                n_kv_heads: self.n_kv_heads,
-                head_dim: self.head_dim,
-                seq,
-                start,
-                kv_capacity: cache.capacity(),
-            };
-            let q = q.flatten_all()?.to_vec1::<f32>()?;
-            let out = cache.with_layer_buffers(layer, |k, v| easd_kernels::attention(shape, &q, k, v, scale as f32))?;
-            Tensor::from_vec(out, (b, seq, self.n_heads * self.head_dim), x.device())?
-        } else {
+        let out = {
             let (k_all, v_all) = cache.append(layer, &k, &v)?;
             // Grouped-query attention without copying the cache: the query heads that share one
             // kv head are stacked along the row axis, so each kv head is used as is.
@@ -200,6 +236,22 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// CPU path over `[seq][hidden]` rows, in place.
+    pub fn forward_host(
+        &self,
+        x: &mut [f32],
+        seq: usize,
+        layer: usize,
+        cache: &mut KvCache,
+        rope: &Rope,
+    ) -> Result<()> {
+        let h = self.attn.forward_host(&self.attn_norm.forward_host(x), seq, layer, cache, rope)?;
+        easd_kernels::add_assign(x, &h);
+        let h = self.mlp.forward_host(&self.mlp_norm.forward_host(x), seq)?;
+        easd_kernels::add_assign(x, &h);
+        Ok(())
+    }
+
     pub fn forward(
         &self,
         x: &Tensor,

@@ -98,7 +98,7 @@ impl Loader<'_> {
     }
 
     fn matmul(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
-        Ok(Linear { weight: self.weight(name, out, inp)?, bias: None })
+        Ok(Linear { weight: self.weight(name, out, inp)?, bias: None, bias_host: None })
     }
 
     fn dense(&mut self, name: &str, len: usize) -> Result<Tensor> {
@@ -113,6 +113,10 @@ impl Loader<'_> {
     fn linear(&mut self, prefix: &str, out: usize, inp: usize) -> Result<Linear> {
         let mut l = self.matmul(&format!("{prefix}.weight"), out, inp)?;
         l.bias = self.opt_dense(&format!("{prefix}.bias"), out)?;
+        l.bias_host = match &l.bias {
+            Some(b) if b.device().is_cpu() => Some(b.to_vec1::<f32>()?),
+            _ => None,
+        };
         Ok(l)
     }
 }
@@ -144,9 +148,8 @@ pub(crate) fn load_weights(
             Some(info) => info.shape.dims().first().copied().unwrap_or(0),
             None => return Err(Error::MissingTensor(format!("{p}.ffn_up.weight"))),
         };
-        let norm = |l: &mut Loader, name: &str| -> Result<RmsNorm> {
-            Ok(RmsNorm { weight: l.dense(name, h)?, eps: cfg.rms_eps as f32 })
-        };
+        let norm =
+            |l: &mut Loader, name: &str| -> Result<RmsNorm> { RmsNorm::new(l.dense(name, h)?, cfg.rms_eps as f32) };
         blocks.push(Block {
             attn_norm: norm(&mut l, &format!("{p}.attn_norm.weight"))?,
             attn: Attention {
@@ -166,14 +169,14 @@ pub(crate) fn load_weights(
             },
         });
     }
-    let norm = RmsNorm { weight: l.dense("output_norm.weight", h)?, eps: cfg.rms_eps as f32 };
+    let norm = RmsNorm::new(l.dense("output_norm.weight", h)?, cfg.rms_eps as f32)?;
     // Tied embeddings (qwen2 small models): no `output.weight`, the embedding doubles as head.
     let lm_head = if tied {
         let weight = match &embed {
             Embedding::Kernel(m) => Weight::Kernel(m.clone()),
             Embedding::Candle(t) => Weight::Candle(QMatMul::from_arc(t.clone())?),
         };
-        Linear { weight, bias: None }
+        Linear { weight, bias: None, bias_host: None }
     } else {
         l.matmul("output.weight", vocab_size, h)?
     };

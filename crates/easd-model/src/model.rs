@@ -8,7 +8,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
-use crate::layers::{Block, Embedding, Linear, RmsNorm, causal_mask};
+use crate::layers::{Block, Embedding, Linear, RmsNorm, causal_mask, project_host};
 use crate::load::{LoadStats, load_weights};
 use crate::logits::Logits;
 use crate::rope::Rope;
@@ -164,10 +164,12 @@ impl Model {
         }
         cache.truncate(start_pos)?;
         cache.reserve(seq)?;
+        if self.device.is_cpu() {
+            return self.forward_host(cache, tokens, n_rows);
+        }
         let mut x = self.embed.lookup(tokens, &self.device)?;
-        // The CPU attention kernel masks by position itself; candle's attention needs the mask.
         let n_rep = self.cfg.n_heads / self.cfg.n_kv_heads;
-        let mask = if self.device.is_cpu() { None } else { causal_mask(seq, start_pos, n_rep, &self.device)? };
+        let mask = causal_mask(seq, start_pos, n_rep, &self.device)?;
         for (i, block) in self.blocks.iter().enumerate() {
             x = block.forward(&x, i, cache, &self.rope, mask.as_ref())?;
         }
@@ -175,7 +177,26 @@ impl Model {
         let x = if n_rows < seq { x.narrow(1, seq - n_rows, n_rows)?.contiguous()? } else { x };
         let x = self.norm.forward(&x)?;
         let logits = self.lm_head.forward(&x)?.squeeze(0)?.to_dtype(DType::F32)?;
-        let mut data = logits.flatten_all()?.to_vec1::<f32>()?;
+        let data = logits.flatten_all()?.to_vec1::<f32>()?;
+        Ok(self.logits(data, n_rows))
+    }
+
+    /// The CPU path: every operation on the project's batch-invariant kernels, no candle ops.
+    fn forward_host(&self, cache: &mut KvCache, tokens: &[u32], n_rows: usize) -> Result<Logits> {
+        let (seq, h) = (tokens.len(), self.cfg.hidden_size);
+        let mut x = self.embed.lookup_host(tokens)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            block.forward_host(&mut x, seq, i, cache, &self.rope)?;
+        }
+        cache.advance(seq);
+        let mut last = x[(seq - n_rows) * h..].to_vec();
+        easd_kernels::rms_norm_rows(&mut last, &self.norm.host, self.norm.eps);
+        let data = project_host(&[&self.lm_head], &last, n_rows)?.remove(0);
+        Ok(self.logits(data, n_rows))
+    }
+
+    /// Logits rows with the embedding's padding rows (no tokens) masked.
+    fn logits(&self, mut data: Vec<f32>, n_rows: usize) -> Logits {
         // Padding rows of the embedding (152k logits vs 151.7k Qwen tokens) are no tokens:
         // mask them so no sampler can pick an id the tokenizer cannot decode.
         let known = self.tokenizer.vocab_size();
@@ -185,7 +206,7 @@ impl Model {
                 row[known..].fill(f32::NEG_INFINITY);
             }
         }
-        Ok(Logits::new(data, n_rows, vocab))
+        Logits::new(data, n_rows, vocab)
     }
 
     fn check_input(&self, cache: &KvCache, tokens: &[u32], start_pos: usize) -> Result<()> {
