@@ -20,7 +20,7 @@ question='A shop sells pencils at $3 each. Emma buys 14 pencils and pays with a 
 
 [ -x "$bin/easd" ] || { echo "build first: cargo build --release -p easd" >&2; exit 2; }
 models=$("$bin/easd" models list)
-dir=$(sed -n 's/^Models folder: //p' <<<"$models")
+dir=$(sed -n 's/^models folder: //p' <<<"$models")
 draft="$dir/$(awk '$1 == "draft" {print $2}' <<<"$models")"
 target="$dir/$(awk '$1 == "target" {print $2}' <<<"$models")"
 [ -f "$draft" ] && [ -f "$target" ] || { echo "pull the default pair first: easd models pull" >&2; exit 2; }
@@ -111,13 +111,13 @@ if [ $have_llama = 1 ]; then
   prompt=$(printf '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n' "$question")
   "$lb/llama-completion" -m "$target" -t "$threads" -p "$prompt" -n "$max_tokens" --temp 0 -no-cnv \
     >"$out/llama-target.txt" 2>&1 </dev/null || true
-  tps=$(grep -E '^\S*llama_perf_context_print: +eval time' "$out/llama-target.txt" | grep -o '[0-9.]* tokens per second' | cut -d' ' -f1)
+  tps=$(grep -E ' eval time = ' "$out/llama-target.txt" | grep -v prompt | grep -o '[0-9.]* tokens per second' | cut -d' ' -f1 || true)
   printf '%-34s %10s %8s %12s\n' "llama.cpp target alone" "${tps:-?}" "$max_tokens" ""
   for k in 3 4 5; do
     "$lb/llama-speculative-simple" -m "$target" -md "$draft" -t "$threads" -td "$threads" -p "$prompt" -n "$max_tokens" \
-      --temp 0 --draft-max $k --draft-min 0 --spec-type draft-simple >"$out/llama-spec-$k.txt" 2>&1 </dev/null || true
-    tps=$(grep -o 'decoded.*speed: *[0-9.]*' "$out/llama-spec-$k.txt" | grep -o '[0-9.]*$')
-    acc=$(grep -o 'accept *= *[0-9.]*%' "$out/llama-spec-$k.txt" | grep -o '[0-9.]*%')
+      --temp 0 --spec-draft-n-max $k --spec-draft-n-min 0 --spec-type draft-simple >"$out/llama-spec-$k.txt" 2>&1 </dev/null || true
+    tps=$(grep -o 'decoded.*speed: *[0-9.]*' "$out/llama-spec-$k.txt" | grep -o '[0-9.]*$' || true)
+    acc=$(grep -o 'accept *= *[0-9.]*%' "$out/llama-spec-$k.txt" | grep -o '[0-9.]*%' || true)
     printf '%-34s %10s %8s %12s\n' "llama.cpp speculative (k $k)" "${tps:-?}" "$max_tokens" "${acc:-?}"
   done
   echo "(llama.cpp's speeds exclude prompt processing; ours include it. Logs: $out)"
