@@ -49,7 +49,7 @@ pub(crate) unsafe fn dot_rows_vnni<const R: usize>(format: Format, w: &[u8], a: 
 
 #[inline(always)]
 unsafe fn dispatch<const R: usize, const VNNI: bool>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    // SAFETY (all arms): shapes checked by the entry points.
+    // SAFETY: shapes checked by the entry points, which also hold the features (all arms).
     unsafe {
         match format {
             Format::Q8_0 => q8_family::<R, VNNI, false>(w, a),
