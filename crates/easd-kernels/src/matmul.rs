@@ -148,35 +148,40 @@ fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// Weight rows `first..` (as many as `out` holds) against every activation row, tile by tile.
 fn run_unit(isa: Isa, w: &QMatrix, acts: &QuantizedActs, first: usize, out: &mut [f32]) {
     let m = acts.rows();
+    let n = out.len() / m;
+    let rows = &w.data[first * w.row_bytes..(first + n) * w.row_bytes];
     let mut r = 0;
     while r < m {
         let t = (m - r).min(TILE_ROWS);
-        for (i, dst) in out.chunks_exact_mut(m).enumerate() {
-            let row = w.row_data(first + i);
-            let dst = &mut dst[r..r + t];
-            match t {
-                1 => dst.copy_from_slice(&tile::<1>(isa, w.format, row, acts, r)),
-                2 => dst.copy_from_slice(&tile::<2>(isa, w.format, row, acts, r)),
-                3 => dst.copy_from_slice(&tile::<3>(isa, w.format, row, acts, r)),
-                _ => dst.copy_from_slice(&tile::<4>(isa, w.format, row, acts, r)),
-            }
+        let dst = &mut out[r..];
+        match t {
+            1 => tile::<1>(isa, w, rows, acts, r, dst),
+            2 => tile::<2>(isa, w, rows, acts, r, dst),
+            3 => tile::<3>(isa, w, rows, acts, r, dst),
+            _ => tile::<4>(isa, w, rows, acts, r, dst),
         }
         r += t;
     }
 }
 
-#[inline]
-fn tile<const R: usize>(isa: Isa, format: Format, w: &[u8], acts: &QuantizedActs, r0: usize) -> [f32; R] {
-    let rows: [ActRow<'_>; R] = std::array::from_fn(|i| acts.row(r0 + i));
+/// Activation rows `r0..r0 + R` against the weight rows `rows`; (weight row i, activation row
+/// r0 + j) goes to `out[i·m + j]`.
+fn tile<const R: usize>(isa: Isa, w: &QMatrix, rows: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+    let a: [ActRow<'_>; R] = std::array::from_fn(|i| acts.row(r0 + i));
+    let m = acts.rows();
     match isa {
-        Isa::Portable => rows.map(|a| scalar::dot_row(format, w, a)),
         // SAFETY: `matmul_with` checked that the CPU has the path's features.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { crate::x86::dot_rows_avx2::<R>(format, w, &rows) },
+        Isa::Avx2 => unsafe { crate::x86::dot_rows_avx2::<R>(w.format, rows, w.row_bytes, &a, out, m) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => unsafe { crate::x86::dot_rows_vnni::<R>(format, w, &rows) },
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => rows.map(|a| scalar::dot_row(format, w, a)),
+        Isa::Avx512Vnni => unsafe { crate::x86::dot_rows_vnni::<R>(w.format, rows, w.row_bytes, &a, out, m) },
+        _ => {
+            for (i, row) in rows.chunks_exact(w.row_bytes).enumerate() {
+                for (j, act) in a.iter().enumerate() {
+                    out[i * m + j] = scalar::dot_row(w.format, row, *act);
+                }
+            }
+        }
     }
 }

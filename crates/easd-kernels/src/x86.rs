@@ -12,7 +12,7 @@
 use core::arch::x86_64::*;
 
 use crate::act::ActRow;
-use crate::format::{Format, f16_at};
+use crate::format::Format;
 use crate::scalar::{LANES, q4k_value, q6k_value, q8_value, reduce_lanes};
 
 /// Checks what the pointer arithmetic below relies on: whole blocks, and activation rows as long
@@ -30,21 +30,56 @@ fn check_shapes<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) {
     }
 }
 
-/// AVX2 + F16C entry point. Safety: the CPU must have AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn dot_rows_avx2<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    check_shapes(format, w, a);
-    // SAFETY: shapes checked above; the features are the caller's contract.
-    unsafe { dispatch::<R, false>(format, w, a) }
+/// Runs the kernel over every weight row of `rows` (each `row_bytes` long): the result for
+/// weight row i and activation row j goes to `out[i·stride + j]`.
+#[inline(always)]
+unsafe fn rows_loop<const R: usize, const VNNI: bool>(
+    format: Format,
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[ActRow<'_>; R],
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert!(row_bytes > 0 && rows.len().is_multiple_of(row_bytes), "weight rows");
+    let n = rows.len() / row_bytes;
+    assert!(n == 0 || out.len() >= (n - 1) * stride + R, "output too short");
+    check_shapes(format, &rows[..row_bytes.min(rows.len())], a);
+    for (i, w) in rows.chunks_exact(row_bytes).enumerate() {
+        // SAFETY: every row has the checked shape; the features are the caller's contract.
+        let res = unsafe { dispatch::<R, VNNI>(format, w, a) };
+        out[i * stride..i * stride + R].copy_from_slice(&res);
+    }
 }
 
-/// AVX-512 entry point (512-bit K-quant kernels, `vpdpbusd` for the 32-blocks). Safety: the CPU
-/// must have AVX2, F16C, AVX-512 F/BW/VL/VNNI.
+/// AVX2 + F16C path over several weight rows (see `rows_loop`). Safety: the CPU must have AVX2
+/// and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn dot_rows_avx2<const R: usize>(
+    format: Format,
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[ActRow<'_>; R],
+    out: &mut [f32],
+    stride: usize,
+) {
+    // SAFETY: the features are the caller's contract.
+    unsafe { rows_loop::<R, false>(format, rows, row_bytes, a, out, stride) }
+}
+
+/// AVX-512 path (512-bit K-quant kernels, `vpdpbusd` for the 32-blocks) over several weight rows.
+/// Safety: the CPU must have AVX2, F16C, AVX-512 F/BW/VL/VNNI.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot_rows_vnni<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    check_shapes(format, w, a);
-    // SAFETY: shapes checked above; the features are the caller's contract.
-    unsafe { dispatch::<R, true>(format, w, a) }
+pub(crate) unsafe fn dot_rows_vnni<const R: usize>(
+    format: Format,
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[ActRow<'_>; R],
+    out: &mut [f32],
+    stride: usize,
+) {
+    // SAFETY: the features are the caller's contract.
+    unsafe { rows_loop::<R, true>(format, rows, row_bytes, a, out, stride) }
 }
 
 #[inline(always)]
@@ -59,6 +94,16 @@ unsafe fn dispatch<const R: usize, const VNNI: bool>(format: Format, w: &[u8], a
             Format::Q4K => q4k::<R>(w, a),
             Format::Q6K => q6k::<R>(w, a),
         }
+    }
+}
+
+/// The two f16 values at `p` as f32, with F16C (exact, like the portable path's conversion).
+#[inline(always)]
+unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+    // SAFETY: callers pass pointers with 4 readable bytes; F16C is the caller's feature.
+    unsafe {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v)))
     }
 }
 
@@ -204,7 +249,7 @@ unsafe fn q8_family<const R: usize, const VNNI: bool, const Q5: bool>(w: &[u8], 
                 if Q5 {
                     isum -= 16 * a[r].sums[b];
                 }
-                acc[b % LANES] += q8_value(f16_at(w, b * bb), a[r].scales[b], isum);
+                acc[b % LANES] += q8_value(f16_pair(wp.add(b * bb)).0, a[r].scales[b], isum);
             }
             out[r] = reduce_lanes(&acc);
         }
@@ -279,7 +324,7 @@ unsafe fn q4k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                     iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(p_lo, p_hi));
                 }
             }
-            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            let (d, dmin) = f16_pair(blk.as_ptr());
             for r in 0..R {
                 let sub = q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b));
                 let summin = hsum_i32(_mm256_mullo_epi32(sub, mins));
@@ -337,7 +382,7 @@ unsafe fn q6k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                     }
                 }
             }
-            let d = f16_at(blk, 208);
+            let d = f16_pair(blk.as_ptr().add(206)).1; // bytes 206..210: the last two are d
             for r in 0..R {
                 let bs = a[r].sums.as_ptr().add(16 * b) as *const __m256i;
                 let weighted = _mm256_add_epi32(
@@ -392,7 +437,7 @@ unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                 );
                 sv[j] = _mm512_permutexvar_epi16(pick, sc16);
             }
-            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            let (d, dmin) = f16_pair(blk.as_ptr());
             let mut iacc = [_mm512_setzero_si512(); R];
             let mut minsum = [_mm256_setzero_si256(); R];
             for r in 0..R {
@@ -537,7 +582,7 @@ unsafe fn q6k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                 wv[2 * half] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u0), u1);
                 wv[2 * half + 1] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u2), u3);
             }
-            let d = f16_at(blk, 208);
+            let d = f16_pair(blk.as_ptr().add(206)).1; // bytes 206..210: the last two are d
             let mut iacc = [_mm512_setzero_si512(); R];
             for r in 0..R {
                 let ap = a[r].qs.as_ptr().add(256 * b);
