@@ -8,6 +8,10 @@
 //!   with 6-bit scale s and min m; w = d·s·q − dmin·m.
 //! * Q6_K, 256 weights, 210 bytes: `u8 ql[128], u8 qh[64], i8 scales[16], f16 d`; sixteen groups of 16
 //!   with an 8-bit scale; w = d·s·(q − 32).
+//!
+//! Repacked at load: a Q4_K block is held as `f16 d, f16 dmin, u8 scales[8], u8 mins[8], u8 qs[128]`
+//! (148 bytes) so the kernels do not unpack the 6-bit fields on every product. Every other format is
+//! held as stored.
 
 use crate::KernelError;
 
@@ -40,13 +44,21 @@ impl Format {
         }
     }
 
-    /// Bytes per block.
+    /// Bytes per block in a GGUF file.
     pub const fn block_bytes(self) -> usize {
         match self {
             Format::Q4K => 144,
             Format::Q6K => 210,
             Format::Q8_0 => 34,
             Format::Q5_0 => 22,
+        }
+    }
+
+    /// Bytes per block as the kernels hold it (see the module doc).
+    pub const fn held_block_bytes(self) -> usize {
+        match self {
+            Format::Q4K => Q4K_HELD_BYTES,
+            other => other.block_bytes(),
         }
     }
 
@@ -57,12 +69,27 @@ impl Format {
         }
     }
 
-    /// Bytes of one row of `cols` weights; an error when `cols` is not a whole number of blocks.
+    /// Bytes of one row of `cols` weights in a GGUF file; an error when `cols` is not a whole
+    /// number of blocks.
     pub fn row_bytes(self, cols: usize) -> Result<usize, KernelError> {
         if cols == 0 || !cols.is_multiple_of(self.block_len()) {
             return Err(KernelError::Columns { format: self, cols, block: self.block_len() });
         }
         Ok(cols / self.block_len() * self.block_bytes())
+    }
+
+    /// Converts one GGUF block to the held layout, appending it to `out`.
+    pub(crate) fn hold_block(self, block: &[u8], out: &mut Vec<u8>) {
+        match self {
+            Format::Q4K => {
+                out.extend_from_slice(&block[..4]);
+                let packed = &block[4..16];
+                out.extend((0..8).map(|j| q4k_scale_min(packed, j).0));
+                out.extend((0..8).map(|j| q4k_scale_min(packed, j).1));
+                out.extend_from_slice(&block[16..144]);
+            }
+            _ => out.extend_from_slice(block),
+        }
     }
 }
 
@@ -82,6 +109,10 @@ impl ActFormat {
         }
     }
 }
+
+/// Bytes of a held Q4_K block; its scales start at 4, its mins at 12, its weights at 20.
+pub(crate) const Q4K_HELD_BYTES: usize = 148;
+pub(crate) const Q4K_QS: usize = 20;
 
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -122,15 +153,15 @@ pub(crate) fn q6k_value(block: &[u8], e: usize) -> u8 {
     low | (((qh >> (2 * quarter)) & 3) << 4)
 }
 
-/// The unsigned 4-bit value of weight `e` (0..256) of a Q4_K block and its sub-block.
+/// The unsigned 4-bit value of weight `e` (0..256) of a held Q4_K block and its sub-block.
 #[inline(always)]
 pub(crate) fn q4k_value(block: &[u8], e: usize) -> (u8, usize) {
     let (chunk, within) = (e / 64, e % 64);
-    let byte = block[16 + 32 * chunk + within % 32];
+    let byte = block[Q4K_QS + 32 * chunk + within % 32];
     (if within < 32 { byte & 0x0F } else { byte >> 4 }, e / 32)
 }
 
-/// Dequantizes one block into `out` (`format.block_len()` values).
+/// Dequantizes one held block into `out` (`format.block_len()` values).
 pub(crate) fn dequantize_block(format: Format, block: &[u8], out: &mut [f32]) {
     match format {
         Format::Q8_0 => {
@@ -149,7 +180,7 @@ pub(crate) fn dequantize_block(format: Format, block: &[u8], out: &mut [f32]) {
             let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
             for (e, o) in out.iter_mut().enumerate().take(256) {
                 let (q, sub) = q4k_value(block, e);
-                let (s, m) = q4k_scale_min(&block[4..16], sub);
+                let (s, m) = (block[4 + sub], block[12 + sub]);
                 *o = d * f32::from(s) * f32::from(q) - dmin * f32::from(m);
             }
         }

@@ -35,12 +35,29 @@ impl std::fmt::Debug for QMatrix {
 }
 
 impl QMatrix {
-    /// Takes the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row).
+    /// Takes the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row); Q4_K
+    /// blocks are repacked (see `format.rs`).
     pub fn new(format: Format, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, KernelError> {
-        let row_bytes = format.row_bytes(cols)?;
-        if data.len() != rows * row_bytes {
-            return Err(KernelError::DataLength { format, rows, cols, expected: rows * row_bytes, actual: data.len() });
+        let file_row_bytes = format.row_bytes(cols)?;
+        if data.len() != rows * file_row_bytes {
+            return Err(KernelError::DataLength {
+                format,
+                rows,
+                cols,
+                expected: rows * file_row_bytes,
+                actual: data.len(),
+            });
         }
+        let row_bytes = cols / format.block_len() * format.held_block_bytes();
+        let data = if row_bytes == file_row_bytes {
+            data
+        } else {
+            let mut held = Vec::with_capacity(rows * row_bytes);
+            for block in data.chunks_exact(format.block_bytes()) {
+                format.hold_block(block, &mut held);
+            }
+            held
+        };
         Ok(Self { format, rows, cols, row_bytes, data })
     }
 
@@ -72,7 +89,7 @@ impl QMatrix {
         }
         assert_eq!(out.len(), self.cols, "output row length");
         let n = self.format.block_len();
-        for (blk, o) in self.row_data(r).chunks_exact(self.format.block_bytes()).zip(out.chunks_exact_mut(n)) {
+        for (blk, o) in self.row_data(r).chunks_exact(self.format.held_block_bytes()).zip(out.chunks_exact_mut(n)) {
             dequantize_block(self.format, blk, o);
         }
         Ok(())

@@ -7,7 +7,7 @@
 //! are computed together, which is what makes the products batch-invariant.
 
 use crate::act::ActRow;
-use crate::format::{Format, f16_at, q4k_scale_min, q4k_value as q4k_weight, q5_0_value, q6k_value as q6k_weight};
+use crate::format::{Format, f16_at, q4k_value as q4k_weight, q5_0_value, q6k_value as q6k_weight};
 
 pub(crate) const LANES: usize = 8;
 
@@ -36,8 +36,8 @@ pub(crate) fn q6k_value(da: f32, d: f32, isum: i32) -> f32 {
 
 /// `Σ m_j · (sum of sub-block j's activations)` of a Q4_K block (exact).
 #[inline(always)]
-pub(crate) fn q4k_summin(scales: &[u8], bsums: &[i32]) -> i32 {
-    (0..8).map(|j| i32::from(q4k_scale_min(scales, j).1) * (bsums[2 * j] + bsums[2 * j + 1])).sum()
+pub(crate) fn q4k_summin(mins: &[u8], bsums: &[i32]) -> i32 {
+    (0..8).map(|j| i32::from(mins[j]) * (bsums[2 * j] + bsums[2 * j + 1])).sum()
 }
 
 /// `32 · Σ s_g · (sum of group g's activations)` of a Q6_K block (exact): the −32 offset.
@@ -48,7 +48,7 @@ pub(crate) fn q6k_offset(scales: &[u8], bsums: &[i32]) -> i32 {
 
 /// One weight row (`format` blocks) against one activation row.
 pub(crate) fn dot_row(format: Format, w: &[u8], a: ActRow<'_>) -> f32 {
-    let bb = format.block_bytes();
+    let bb = format.held_block_bytes();
     let mut acc = [0f32; LANES];
     for (b, blk) in w.chunks_exact(bb).enumerate() {
         let value = match format {
@@ -64,15 +64,15 @@ pub(crate) fn dot_row(format: Format, w: &[u8], a: ActRow<'_>) -> f32 {
             }
             Format::Q4K => {
                 let qa = &a.qs[256 * b..256 * b + 256];
-                let scales = &blk[4..16];
+                let (scales, mins) = (&blk[4..12], &blk[12..20]);
                 let isum: i32 = (0..8)
                     .map(|j| {
                         let dot: i32 =
                             (32 * j..32 * j + 32).map(|e| i32::from(q4k_weight(blk, e).0) * i32::from(qa[e])).sum();
-                        i32::from(q4k_scale_min(scales, j).0) * dot
+                        i32::from(scales[j]) * dot
                     })
                     .sum();
-                let summin = q4k_summin(scales, &a.sums[16 * b..16 * b + 16]);
+                let summin = q4k_summin(mins, &a.sums[16 * b..16 * b + 16]);
                 q4k_value(a.scales[b], f16_at(blk, 0), f16_at(blk, 2), isum, summin)
             }
             Format::Q6K => {

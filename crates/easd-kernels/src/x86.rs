@@ -12,13 +12,13 @@
 use core::arch::x86_64::*;
 
 use crate::act::ActRow;
-use crate::format::Format;
+use crate::format::{Format, Q4K_HELD_BYTES, Q4K_QS};
 use crate::scalar::{LANES, q4k_value, q6k_value, q8_value, reduce_lanes};
 
 /// Checks what the pointer arithmetic below relies on: whole blocks, and activation rows as long
 /// as the weight row.
 fn check_shapes<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) {
-    let bb = format.block_bytes();
+    let bb = format.held_block_bytes();
     assert!(w.len().is_multiple_of(bb), "weight row of {} bytes is not whole {format:?} blocks", w.len());
     let nb = w.len() / bb;
     let cols = nb * format.block_len();
@@ -257,23 +257,16 @@ unsafe fn q8_family<const R: usize, const VNNI: bool, const Q5: bool>(w: &[u8], 
     out
 }
 
-/// The eight 6-bit scales and mins of a Q4_K block from its 12 packed bytes (ggml's mask trick).
+/// A held Q4_K block's mins as i32, in the lane order of [`q8k_subblock_sums`].
 #[inline(always)]
-fn q4k_unpack_scales(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const LOW2: u32 = 0x0303_0303;
-    let word = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
-    let (u0, u1, u2) = (word(0), word(1), word(2));
-    let scales_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
-    let mins_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    sc[..4].copy_from_slice(&(u0 & LOW6).to_le_bytes());
-    sc[4..].copy_from_slice(&scales_hi.to_le_bytes());
-    mn[..4].copy_from_slice(&(u1 & LOW6).to_le_bytes());
-    mn[4..].copy_from_slice(&mins_hi.to_le_bytes());
-    (sc, mn)
+unsafe fn q4k_mins(blk: &[u8]) -> __m256i {
+    // SAFETY: `blk` is a whole held block (mins at 12..20).
+    unsafe {
+        _mm256_permutevar8x32_epi32(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.as_ptr().add(12) as *const __m128i)),
+            _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
+        )
+    }
 }
 
 /// Sums of the 32-value sub-blocks of one Q8_K block's activations, in the lane order
@@ -291,28 +284,19 @@ unsafe fn q8k_subblock_sums(bsums: *const i32) -> __m256i {
 
 #[inline(always)]
 unsafe fn q4k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    let nb = w.len() / 144;
+    let nb = w.len() / Q4K_HELD_BYTES;
     let mut acc = [[0f32; LANES]; R];
-    // SAFETY: block b occupies w[144b..144b+144]; activation rows hold nb·256 values, nb scales
-    // and 16·nb sums.
+    // SAFETY: block b occupies w[148b..148b+148] (held layout); activation rows hold nb·256
+    // values, nb scales and 16·nb sums.
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
         for b in 0..nb {
-            let blk = &w[144 * b..144 * b + 144];
-            let (sc, mn) = q4k_unpack_scales(&blk[4..16]);
-            let mins = _mm256_setr_epi32(
-                i32::from(mn[0]),
-                i32::from(mn[1]),
-                i32::from(mn[4]),
-                i32::from(mn[5]),
-                i32::from(mn[2]),
-                i32::from(mn[3]),
-                i32::from(mn[6]),
-                i32::from(mn[7]),
-            );
+            let blk = &w[Q4K_HELD_BYTES * b..Q4K_HELD_BYTES * (b + 1)];
+            let sc = &blk[4..12];
+            let mins = q4k_mins(blk);
             let mut iacc = [_mm256_setzero_si256(); R];
             for j in 0..4 {
-                let bits = load(blk.as_ptr().add(16 + 32 * j));
+                let bits = load(blk.as_ptr().add(Q4K_QS + 32 * j));
                 let lo = _mm256_and_si256(bits, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
                 let s_lo = _mm256_set1_epi16(i16::from(sc[2 * j]));
@@ -409,25 +393,21 @@ unsafe fn hsum_i32_zmm(v: __m512i) -> i32 {
 /// Same integer sums, same float operations.
 #[inline(always)]
 unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    let nb = w.len() / 144;
+    let nb = w.len() / Q4K_HELD_BYTES;
     let mut acc = [[0f32; LANES]; R];
     // SAFETY: as `q4k`.
     unsafe {
         let m4 = _mm256_set1_epi8(0x0F);
         for b in 0..nb {
-            let blk = &w[144 * b..144 * b + 144];
-            let (sc, mn) = q4k_unpack_scales(&blk[4..16]);
+            let blk = &w[Q4K_HELD_BYTES * b..Q4K_HELD_BYTES * (b + 1)];
             // Scales as i16 (lanes 0..8), then per chunk j: sixteen lanes of s_2j, sixteen of s_2j+1.
-            let sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128(i64::from_le_bytes(sc))));
-            // Mins as i32 in the lane order of `q8k_subblock_sums`.
-            let mins = _mm256_permutevar8x32_epi32(
-                _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(mn))),
-                _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
-            );
+            let sc16 =
+                _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadl_epi64(blk.as_ptr().add(4) as *const __m128i)));
+            let mins = q4k_mins(blk);
             let mut wv = [_mm512_setzero_si512(); 4];
             let mut sv = [_mm512_setzero_si512(); 4];
             for j in 0..4 {
-                let bits = load(blk.as_ptr().add(16 + 32 * j));
+                let bits = load(blk.as_ptr().add(Q4K_QS + 32 * j));
                 let lo = _mm256_and_si256(bits, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
                 wv[j] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
