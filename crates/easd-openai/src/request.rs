@@ -7,9 +7,11 @@
 //! fields that do not change the output (user, metadata, store, …) are ignored.
 
 use easd_proto::v1::{self as pb, generate_request::Input};
+use easd_server::coordinator::ModeKind;
 use serde_json::{Map, Value};
 
-use crate::error::{Endpoint, Error};
+use crate::endpoint::Endpoint;
+use crate::error::Error;
 
 /// OpenAI's default sampling temperature (the coordinator's own default is greedy).
 pub const DEFAULT_TEMPERATURE: f32 = 1.0;
@@ -238,18 +240,10 @@ fn easd_fields(f: &Fields<'_>, generate: &mut pb::GenerateRequest) -> Result<(),
         return Err(Error::invalid(f.name(key), format!("unknown field; expected one of {EASD_FIELDS}")));
     }
     if let Some(mode) = f.string("mode")? {
-        generate.mode = match mode {
-            "sd" => pb::Mode::Sd,
-            "easd" => pb::Mode::Easd,
-            "target" => pb::Mode::Target,
-            "draft" => pb::Mode::Draft,
-            other => {
-                return Err(Error::invalid(
-                    f.name("mode"),
-                    format!("must be one of sd, easd, target, draft; got {other:?}"),
-                ));
-            }
-        } as i32;
+        let kind = ModeKind::ALL.into_iter().find(|m| m.name() == mode).ok_or_else(|| {
+            Error::invalid(f.name("mode"), format!("must be one of sd, easd, target, draft; got {mode:?}"))
+        })?;
+        generate.mode = kind.to_pb() as i32;
     }
     generate.k = f.u32("k")?;
     let order = match f.string("order")? {
