@@ -64,6 +64,11 @@ impl Draft for DraftService {
             let _entered = span.enter();
             let result = (|| -> Result<(), ServerError> {
                 let mut s = session.lock().expect("session poisoned");
+                // A request cancelled while it waited for the session (a pre-draft the coordinator dropped) must not
+                // roll back what a later request already built: it leaves the session untouched.
+                if tx.is_closed() {
+                    return Ok(());
+                }
                 let start = s.resume(&session_id, claim)?;
                 let mut started = Instant::now();
                 let logits = worker.forward(&mut s.cache, &req.new_tokens, start)?;
@@ -78,6 +83,9 @@ impl Draft for DraftService {
                         break; // the coordinator went away: stop drafting
                     }
                     if i + 1 < count {
+                        if tx.is_closed() {
+                            break; // cancelled (a dropped pre-draft): no more forwards
+                        }
                         started = Instant::now();
                         let pos = s.tokens.len();
                         let logits = worker.forward(&mut s.cache, &[token.token], pos)?;
@@ -91,7 +99,12 @@ impl Draft for DraftService {
                 Ok(())
             })();
             if let Err(e) = result {
-                tracing::warn!(error = %e, "propose failed");
+                match e {
+                    ServerError::PrefixMismatch { .. } => {
+                        tracing::info!(error = %e, "propose: resend the full context")
+                    }
+                    _ => tracing::warn!(error = %e, "propose failed"),
+                }
                 let _ = tx.blocking_send(Err(e.into()));
             }
         });
