@@ -232,7 +232,7 @@ fn stop(f: &Fields<'_>) -> Result<Vec<String>, Error> {
     }
 }
 
-const EASD_FIELDS: &str = "mode, k, top_n, rho, tau_draft, tau_target, order, penalty_alpha";
+const EASD_FIELDS: &str = "mode, k, top_n, rho, tau_draft, tau_target, order, penalty_alpha, pipeline";
 
 /// The `easd` extension object: mode, block size and the EASD rule's parameters (DESIGN §2.2).
 fn easd_fields(f: &Fields<'_>, generate: &mut pb::GenerateRequest) -> Result<(), Error> {
@@ -246,6 +246,7 @@ fn easd_fields(f: &Fields<'_>, generate: &mut pb::GenerateRequest) -> Result<(),
         generate.mode = kind.to_pb() as i32;
     }
     generate.k = f.u32("k")?;
+    generate.pipeline = f.bool("pipeline")?;
     let order = match f.string("order")? {
         None => pb::EasdOrder::Unspecified,
         Some("after_sd") => pb::EasdOrder::AfterSd,
@@ -402,6 +403,9 @@ mod tests {
         let p = chat(&format!(r#"{{{HI},"easd":{{"mode":"easd","k":6,"tau_draft":0.5,"rho":0.2,"order":"gate"}}}}"#))
             .unwrap();
         assert_eq!(p.generate.mode, pb::Mode::Easd as i32);
+        assert_eq!(p.generate.pipeline, None);
+        let sequential = chat(&format!(r#"{{{HI},"easd":{{"pipeline":false}}}}"#)).unwrap();
+        assert_eq!(sequential.generate.pipeline, Some(false));
         assert_eq!(p.generate.k, Some(6));
         let e = p.generate.easd.unwrap();
         assert_eq!(
