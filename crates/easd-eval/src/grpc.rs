@@ -113,6 +113,8 @@ fn request_to_proto(request: &EvalRequest) -> pb::GenerateRequest {
         stop: Vec::new(),
         logprobs: 0,
         request_id: request.request_id.clone(),
+        // The coordinator's default: drafting ahead changes the timing, never the tokens.
+        pipeline: None,
     }
 }
 

@@ -7,12 +7,7 @@ use easd_server::ServerError;
 use serde_json::json;
 use tonic::Code;
 
-/// Which endpoint a request came through: field names in messages follow that endpoint's vocabulary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-}
+use crate::endpoint::Endpoint;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -17,6 +17,7 @@
 //! * A streamed response waits for the first event before sending headers, so failures before the first token
 //!   (no verifier available, …) get a real HTTP status; later failures end the stream with an error event.
 
+mod endpoint;
 mod error;
 mod request;
 mod response;
@@ -29,7 +30,8 @@ use std::time::Duration;
 use easd_server::Coordinator;
 use tokio::net::TcpListener;
 
-pub use error::{Endpoint, Error};
+pub use endpoint::Endpoint;
+pub use error::Error;
 pub use request::{DEFAULT_COMPLETIONS_MAX_TOKENS, DEFAULT_TEMPERATURE, ParsedRequest, parse};
 
 /// Settings of the HTTP API.

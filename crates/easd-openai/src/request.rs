@@ -7,9 +7,11 @@
 //! fields that do not change the output (user, metadata, store, …) are ignored.
 
 use easd_proto::v1::{self as pb, generate_request::Input};
+use easd_server::coordinator::ModeKind;
 use serde_json::{Map, Value};
 
-use crate::error::{Endpoint, Error};
+use crate::endpoint::Endpoint;
+use crate::error::Error;
 
 /// OpenAI's default sampling temperature (the coordinator's own default is greedy).
 pub const DEFAULT_TEMPERATURE: f32 = 1.0;
@@ -230,7 +232,7 @@ fn stop(f: &Fields<'_>) -> Result<Vec<String>, Error> {
     }
 }
 
-const EASD_FIELDS: &str = "mode, k, top_n, rho, tau_draft, tau_target, order, penalty_alpha";
+const EASD_FIELDS: &str = "mode, k, top_n, rho, tau_draft, tau_target, order, penalty_alpha, pipeline";
 
 /// The `easd` extension object: mode, block size and the EASD rule's parameters (DESIGN §2.2).
 fn easd_fields(f: &Fields<'_>, generate: &mut pb::GenerateRequest) -> Result<(), Error> {
@@ -238,20 +240,13 @@ fn easd_fields(f: &Fields<'_>, generate: &mut pb::GenerateRequest) -> Result<(),
         return Err(Error::invalid(f.name(key), format!("unknown field; expected one of {EASD_FIELDS}")));
     }
     if let Some(mode) = f.string("mode")? {
-        generate.mode = match mode {
-            "sd" => pb::Mode::Sd,
-            "easd" => pb::Mode::Easd,
-            "target" => pb::Mode::Target,
-            "draft" => pb::Mode::Draft,
-            other => {
-                return Err(Error::invalid(
-                    f.name("mode"),
-                    format!("must be one of sd, easd, target, draft; got {other:?}"),
-                ));
-            }
-        } as i32;
+        let kind = ModeKind::ALL.into_iter().find(|m| m.name() == mode).ok_or_else(|| {
+            Error::invalid(f.name("mode"), format!("must be one of sd, easd, target, draft; got {mode:?}"))
+        })?;
+        generate.mode = kind.to_pb() as i32;
     }
     generate.k = f.u32("k")?;
+    generate.pipeline = f.bool("pipeline")?;
     let order = match f.string("order")? {
         None => pb::EasdOrder::Unspecified,
         Some("after_sd") => pb::EasdOrder::AfterSd,
@@ -408,6 +403,9 @@ mod tests {
         let p = chat(&format!(r#"{{{HI},"easd":{{"mode":"easd","k":6,"tau_draft":0.5,"rho":0.2,"order":"gate"}}}}"#))
             .unwrap();
         assert_eq!(p.generate.mode, pb::Mode::Easd as i32);
+        assert_eq!(p.generate.pipeline, None);
+        let sequential = chat(&format!(r#"{{{HI},"easd":{{"pipeline":false}}}}"#)).unwrap();
+        assert_eq!(sequential.generate.pipeline, Some(false));
         assert_eq!(p.generate.k, Some(6));
         let e = p.generate.easd.unwrap();
         assert_eq!(

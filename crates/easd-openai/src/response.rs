@@ -7,7 +7,7 @@ use easd_model::Tokenizer;
 use easd_proto::v1 as pb;
 use serde_json::{Value, json};
 
-use crate::error::Endpoint;
+use crate::endpoint::Endpoint;
 
 pub fn json_response(status: StatusCode, body: &Value) -> Response {
     let mut response = (status, body.to_string()).into_response();

@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::HttpConfig;
-use crate::error::{Endpoint, Error};
+use crate::endpoint::Endpoint;
+use crate::error::Error;
 use crate::request::{ParsedRequest, parse};
 use crate::response::{self, Meta, json_response};
 

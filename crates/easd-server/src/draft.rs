@@ -13,6 +13,9 @@ use crate::convert::{draft_token_to_pb, sampling_from_pb};
 use crate::error::ServerError;
 use crate::worker::Worker;
 
+/// Most tokens one `Propose` call may ask for: a block of the largest size plus the guess of its bonus token.
+pub const MAX_PROPOSE_COUNT: usize = MAX_BLOCK_SIZE + 1;
+
 pub struct DraftService {
     worker: Arc<Worker>,
 }
@@ -34,14 +37,17 @@ impl Draft for DraftService {
     async fn propose(&self, request: Request<pb::ProposeRequest>) -> Result<Response<Self::ProposeStream>, Status> {
         let req = request.into_inner();
         let count = req.count as usize;
-        if count == 0 || count > MAX_BLOCK_SIZE {
-            return Err(ServerError::invalid("count", format!("must be in 1..={MAX_BLOCK_SIZE}, got {count}")).into());
+        // A block, or (pipelined loop) the guess of a block's bonus token plus the next block.
+        if count == 0 || count > MAX_PROPOSE_COUNT {
+            return Err(
+                ServerError::invalid("count", format!("must be in 1..={MAX_PROPOSE_COUNT}, got {count}")).into()
+            );
         }
         let (params, seed) = sampling_from_pb(req.sampling.as_ref())?;
         let support = if req.proposal_support == 0 { DEFAULT_K_Q } else { req.proposal_support as usize };
         let top_n = req.top_n.max(1) as usize;
         // The last proposal is never fed back, hence count - 1.
-        let (session, start) = self.worker.open_session(
+        let (session, claim) = self.worker.open_session(
             &req.session_id,
             req.claim.as_ref(),
             &req.new_tokens,
@@ -49,7 +55,7 @@ impl Draft for DraftService {
             count - 1,
         )?;
 
-        let (tx, rx) = mpsc::channel(MAX_BLOCK_SIZE);
+        let (tx, rx) = mpsc::channel(MAX_PROPOSE_COUNT);
         let worker = self.worker.clone();
         let session_id = req.session_id.clone();
         // The blocking thread does not inherit the request's span: carry it in, so forwards join the trace.
@@ -58,7 +64,12 @@ impl Draft for DraftService {
             let _entered = span.enter();
             let result = (|| -> Result<(), ServerError> {
                 let mut s = session.lock().expect("session poisoned");
-                s.rollback_to(start)?;
+                // A request cancelled while it waited for the session (a pre-draft the coordinator dropped) must not
+                // roll back what a later request already built: it leaves the session untouched.
+                if tx.is_closed() {
+                    return Ok(());
+                }
+                let start = s.resume(&session_id, claim)?;
                 let mut started = Instant::now();
                 let logits = worker.forward(&mut s.cache, &req.new_tokens, start)?;
                 s.tokens.extend(&req.new_tokens);
@@ -72,6 +83,9 @@ impl Draft for DraftService {
                         break; // the coordinator went away: stop drafting
                     }
                     if i + 1 < count {
+                        if tx.is_closed() {
+                            break; // cancelled (a dropped pre-draft): no more forwards
+                        }
                         started = Instant::now();
                         let pos = s.tokens.len();
                         let logits = worker.forward(&mut s.cache, &[token.token], pos)?;
@@ -85,7 +99,12 @@ impl Draft for DraftService {
                 Ok(())
             })();
             if let Err(e) = result {
-                tracing::warn!(error = %e, "propose failed");
+                match e {
+                    ServerError::PrefixMismatch { .. } => {
+                        tracing::info!(error = %e, "propose: resend the full context")
+                    }
+                    _ => tracing::warn!(error = %e, "propose failed"),
+                }
                 let _ = tx.blocking_send(Err(e.into()));
             }
         });

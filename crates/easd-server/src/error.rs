@@ -1,5 +1,9 @@
-//! The one place where server errors become gRPC statuses.
+//! The one place where server errors become gRPC statuses, and where a worker's status is classified: the reasons
+//! a caller acts on (session lost, incompatible models) travel as an [`pb::ErrorDetail`] in the status details,
+//! never as message text.
 
+use easd_proto::v1 as pb;
+use prost::Message;
 use tonic::{Code, Status};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +51,36 @@ impl ServerError {
             Self::Model(_) | Self::Internal(_) => Code::Internal,
         }
     }
+
+    /// The machine-readable reason sent with the status, for the errors a caller acts on.
+    pub fn reason(&self) -> pb::ErrorReason {
+        match self {
+            Self::SessionNotFound(_) => pb::ErrorReason::SessionNotFound,
+            Self::PrefixMismatch { .. } => pb::ErrorReason::PrefixMismatch,
+            Self::Incompatible(_) => pb::ErrorReason::IncompatibleModels,
+            Self::Worker(status) => error_reason(status),
+            Self::InvalidArgument { .. }
+            | Self::ContextOverflow { .. }
+            | Self::Unavailable(_)
+            | Self::DeadlineExceeded(_)
+            | Self::ResourceExhausted(_)
+            | Self::Model(_)
+            | Self::Internal(_) => pb::ErrorReason::Unspecified,
+        }
+    }
+}
+
+/// The reason a status carries in its details (`Unspecified` when it carries none).
+pub fn error_reason(status: &Status) -> pb::ErrorReason {
+    pb::ErrorDetail::decode(status.details())
+        .ok()
+        .and_then(|d| pb::ErrorReason::try_from(d.reason).ok())
+        .unwrap_or(pb::ErrorReason::Unspecified)
+}
+
+/// The worker no longer holds (or never held) what was claimed: safe to resend the full context.
+pub fn is_session_lost(status: &Status) -> bool {
+    matches!(error_reason(status), pb::ErrorReason::SessionNotFound | pb::ErrorReason::PrefixMismatch)
 }
 
 impl From<easd_core::ParamError> for ServerError {
@@ -60,7 +94,37 @@ impl From<ServerError> for Status {
         match e {
             // Keep the worker's own message: it already names the field or the session.
             ServerError::Worker(status) => status,
-            other => Status::new(other.code(), other.to_string()),
+            other => match other.reason() {
+                pb::ErrorReason::Unspecified => Status::new(other.code(), other.to_string()),
+                reason => {
+                    let detail = pb::ErrorDetail { reason: reason as i32 }.encode_to_vec();
+                    Status::with_details(other.code(), other.to_string(), detail.into())
+                }
+            },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_carry_the_reason_a_caller_acts_on() {
+        let lost: Status = ServerError::SessionNotFound("s".into()).into();
+        assert_eq!(lost.code(), Code::NotFound);
+        assert!(is_session_lost(&lost));
+        let mismatch: Status = ServerError::PrefixMismatch { session: "s".into(), claimed_len: 3, held_len: 2 }.into();
+        assert!(is_session_lost(&mismatch));
+        let incompatible: Status = ServerError::Incompatible("session lost? no: other tokenizer".into()).into();
+        assert_eq!(incompatible.code(), Code::FailedPrecondition);
+        assert_eq!(error_reason(&incompatible), pb::ErrorReason::IncompatibleModels);
+        assert!(!is_session_lost(&incompatible));
+    }
+
+    #[test]
+    fn a_status_without_details_is_not_mistaken_for_a_lost_session() {
+        assert!(!is_session_lost(&Status::not_found("unknown session x: resend the full context")));
+        assert_eq!(ServerError::Worker(Status::internal("boom")).reason(), pb::ErrorReason::Unspecified);
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use easd_core::EasdParams;
 
-use crate::coordinator::DefaultMode;
+use crate::coordinator::ModeKind;
 use easd_model::{LoadOptions, Model, Tokenizer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -25,8 +25,11 @@ pub struct LocalOptions {
     pub limits: SessionLimits,
     pub default_easd: EasdParams,
     /// Mode and block size of requests that leave them unset.
-    pub default_mode: DefaultMode,
+    pub default_mode: ModeKind,
     pub default_k: usize,
+    /// Pipelined loop by default. Off here: in one process the draft and the verifier share the same cores, so
+    /// drafting ahead competes with verification instead of overlapping it (requests may still ask for it).
+    pub pipeline: bool,
     /// Where the coordinator listens (port 0: any free port).
     pub coordinator_addr: SocketAddr,
     /// Bearer token for the coordinator's client API.
@@ -39,7 +42,8 @@ impl Default for LocalOptions {
             verifier_replicas: 1,
             limits: SessionLimits::default(),
             default_easd: EasdParams::default(),
-            default_mode: DefaultMode::default(),
+            default_mode: ModeKind::default(),
+            pipeline: false,
             default_k: crate::coordinator::request::DEFAULT_BLOCK_SIZE,
             coordinator_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
@@ -120,6 +124,7 @@ impl LocalStack {
         config.default_easd = opts.default_easd;
         config.default_mode = opts.default_mode;
         config.default_k = opts.default_k;
+        config.pipeline = opts.pipeline;
         let coordinator = Coordinator::connect(config, tokenizer).await?;
         let (listener, coordinator_url) = bind(opts.coordinator_addr).await?;
         let opts_server = ServerOptions { tls: None, api_token: opts.api_token.clone() };

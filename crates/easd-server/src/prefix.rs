@@ -58,6 +58,17 @@ impl HashedTokens {
         length <= self.len() && self.hashes[length] == hash
     }
 
+    /// Length of the longest prefix this sequence shares with `other`, by binary search on the prefix hashes
+    /// (equal hashes are taken as equal prefixes, as every prefix claim does).
+    pub fn common_prefix_len(&self, other: &HashedTokens) -> usize {
+        let (mut lo, mut hi) = (0, self.len().min(other.len()));
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if self.hashes[mid] == other.hashes[mid] { lo = mid } else { hi = mid - 1 }
+        }
+        lo
+    }
+
     pub fn push(&mut self, token: u32) {
         let last = *self.hashes.last().expect("hashes is never empty");
         self.tokens.push(token);
@@ -97,6 +108,15 @@ mod tests {
         let b = HashedTokens::from_tokens(&[1, 2, 4]);
         assert_ne!(a.hash_of_prefix(3), b.hash_of_prefix(3));
         assert_eq!(a.hash_of_prefix(2), b.hash_of_prefix(2));
+    }
+
+    #[test]
+    fn the_common_prefix_is_where_two_sequences_first_differ() {
+        let a = HashedTokens::from_tokens(&[1, 2, 3, 4, 5]);
+        for (b, expected) in [(vec![1, 2, 3, 4, 5, 6], 5), (vec![1, 2, 9, 4, 5], 2), (vec![7], 0), (vec![], 0)] {
+            let b = HashedTokens::from_tokens(&b);
+            assert_eq!((a.common_prefix_len(&b), b.common_prefix_len(&a)), (expected, expected));
+        }
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Per-session KV caches on a worker, bounded by a memory budget (LRU eviction) and an idle timeout.
 //!
 //! A session is checked out for the length of one request (its `Arc` is then shared), so eviction never
-//! touches a cache that a forward pass is using.
+//! touches a cache that a forward pass is using. The prefix claim is checked under the session's lock, in the same
+//! critical section as the forward it guards ([`WorkerSession::resume`]): a request that was cancelled while queued
+//! behind another one (a dropped pre-draft) can then never leave the next request computing on a context it did
+//! not claim.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,15 +21,30 @@ pub struct WorkerSession {
     pub tokens: HashedTokens,
 }
 
+/// "The session holds these `len` tokens, whose rolling hash is `hash`" (a request's prefix claim, decoded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub len: usize,
+    pub hash: u64,
+}
+
 impl WorkerSession {
-    /// Rolls back to the claimed prefix (already checked) and returns the position the next forward starts at.
-    pub fn rollback_to(&mut self, len: usize) -> Result<usize, ServerError> {
-        let _span = tracing::info_span!("cache.rollback", to = len, held = self.tokens.len()).entered();
-        self.tokens.truncate(len);
-        if self.cache.len() > len {
-            self.cache.truncate(len)?;
+    /// Checks the claim against what the session holds and rolls the cache back to it; returns the position the
+    /// next forward starts at. Call with the session locked, in the critical section of the forward.
+    pub fn resume(&mut self, session_id: &str, claim: Claim) -> Result<usize, ServerError> {
+        if !self.tokens.matches(claim.len, claim.hash) {
+            return Err(ServerError::PrefixMismatch {
+                session: session_id.to_owned(),
+                claimed_len: claim.len,
+                held_len: self.tokens.len(),
+            });
         }
-        Ok(len)
+        let _span = tracing::info_span!("cache.rollback", to = claim.len, held = self.tokens.len()).entered();
+        self.tokens.truncate(claim.len);
+        if self.cache.len() > claim.len {
+            self.cache.truncate(claim.len)?;
+        }
+        Ok(claim.len)
     }
 }
 
@@ -68,12 +86,11 @@ impl SessionTable {
         Self { entries: Mutex::new(HashMap::new()), evictions: Mutex::new(0), limits }
     }
 
-    /// Returns the session for a request: a fresh one for `full_context`, else the held one whose tokens match the claim.
+    /// Returns the session for a request: a fresh one for `full_context`, else the held one (its claim is checked
+    /// later, under its lock: [`WorkerSession::resume`]).
     pub fn checkout(
         &self,
         id: &str,
-        claim_len: usize,
-        claim_hash: u64,
         full_context: bool,
         new_cache: impl FnOnce() -> KvCache,
     ) -> Result<SharedSession, ServerError> {
@@ -85,18 +102,7 @@ impl SessionTable {
         }
         let entry = entries.get_mut(id).ok_or_else(|| ServerError::SessionNotFound(id.to_owned()))?;
         entry.last_used = Instant::now();
-        let session = entry.session.clone();
-        drop(entries);
-        let held = session.lock().expect("session poisoned");
-        if !held.tokens.matches(claim_len, claim_hash) {
-            return Err(ServerError::PrefixMismatch {
-                session: id.to_owned(),
-                claimed_len: claim_len,
-                held_len: held.tokens.len(),
-            });
-        }
-        drop(held);
-        Ok(session)
+        Ok(entry.session.clone())
     }
 
     /// Records the session's new size after a request and evicts least-recently-used idle sessions over budget;

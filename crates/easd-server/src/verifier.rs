@@ -64,7 +64,7 @@ impl Verifier for VerifierService {
             }
             block.push((d.token, sparse_from_pb(d.proposal.as_ref(), "block.proposal")?));
         }
-        let (session, start) = self.worker.open_session(
+        let (session, claim) = self.worker.open_session(
             &req.session_id,
             req.claim.as_ref(),
             &req.new_tokens,
@@ -79,7 +79,7 @@ impl Verifier for VerifierService {
         let response = blocking(move || {
             let _entered = span.enter();
             let mut s = session.lock().expect("session poisoned");
-            s.rollback_to(start)?;
+            let start = s.resume(&session_id, claim)?;
             let mut feed = req.new_tokens.clone();
             feed.extend(block.iter().map(|(t, _)| *t));
             let started = Instant::now();

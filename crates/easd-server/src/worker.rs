@@ -9,7 +9,7 @@ use easd_proto::v1 as pb;
 use easd_telemetry::WorkerMetrics;
 
 use crate::error::ServerError;
-use crate::sessions::{SessionLimits, SessionTable, SharedSession};
+use crate::sessions::{Claim, SessionLimits, SessionTable, SharedSession};
 
 /// A loaded model and the sessions computed with it.
 pub struct Worker {
@@ -64,8 +64,9 @@ impl Worker {
         }
     }
 
-    /// Validates a request's context part and returns the session positioned for it.
-    /// `extra` counts the tokens the request will add beyond `new_tokens` (the block, or the proposals).
+    /// Validates a request's context part and returns its session with the claim to check under the session's lock
+    /// ([`crate::sessions::WorkerSession::resume`]). `extra` counts the tokens the request will add beyond
+    /// `new_tokens` (the block, or the proposals).
     pub fn open_session(
         &self,
         session_id: &str,
@@ -73,7 +74,7 @@ impl Worker {
         new_tokens: &[u32],
         full_context: bool,
         extra: usize,
-    ) -> Result<(SharedSession, usize), ServerError> {
+    ) -> Result<(SharedSession, Claim), ServerError> {
         if session_id.is_empty() {
             return Err(ServerError::invalid("session_id", "must not be empty"));
         }
@@ -101,8 +102,8 @@ impl Worker {
             return Err(ServerError::ContextOverflow { needed, limit });
         }
         let model = &self.model;
-        let session = self.sessions.checkout(session_id, claim_len, claim_hash, full_context, || model.new_cache())?;
-        Ok((session, claim_len))
+        let session = self.sessions.checkout(session_id, full_context, || model.new_cache())?;
+        Ok((session, Claim { len: claim_len, hash: claim_hash }))
     }
 
     pub fn release(&self, req: &pb::ReleaseRequest) -> pb::ReleaseResponse {

@@ -115,7 +115,7 @@ fn sample(text: &str, series: &str) -> f64 {
 async fn requests_without_mode_or_k_get_the_coordinator_defaults() {
     let models = tiny_models(0);
     let opts = LocalOptions {
-        default_mode: easd_server::coordinator::DefaultMode::Easd,
+        default_mode: easd_server::coordinator::ModeKind::Easd,
         default_k: 2,
         ..LocalOptions::default()
     };
@@ -393,5 +393,83 @@ async fn stop_strings_logprobs_and_chat_work_together() {
     };
     let out = generate(&stack.coordinator_url, chat).await.unwrap();
     assert!(out.summary.prompt_tokens > 3, "the chat template wraps the message");
+    stack.shutdown().await;
+}
+
+/// Pipelined and sequential loops on the same request give the same tokens (greedy and sampled, sd and easd);
+/// afterwards no worker holds the session, even though pre-drafts were dropped on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipelined_loop_emits_the_sequential_loops_tokens() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions::default()).await;
+    let eager = pb::EasdParams { tau_draft: Some(0.0), tau_target: Some(0.0), rho: Some(0.0), ..Default::default() };
+    let cases = [
+        (pb::Mode::Sd, 0.0, None, 4),
+        (pb::Mode::Sd, 1.0, None, 4),
+        (pb::Mode::Sd, 0.7, None, 3),
+        (pb::Mode::Easd, 0.0, None, 4),
+        (pb::Mode::Easd, 1.0, Some(eager), 4),
+    ];
+    let mut kept = 0;
+    let mut dropped = 0;
+    for (mode, temperature, easd, k) in cases {
+        let req = pb::GenerateRequest {
+            temperature: Some(temperature),
+            seed: Some(5),
+            easd,
+            k: Some(k),
+            ..request("Once upon a time in a land", mode, 60)
+        };
+        let sequential = pb::GenerateRequest { pipeline: Some(false), ..req.clone() };
+        let pipelined = pb::GenerateRequest { pipeline: Some(true), ..req };
+        let s = generate(&stack.coordinator_url, sequential).await.unwrap();
+        let p = generate(&stack.coordinator_url, pipelined).await.unwrap();
+        let case = format!("{mode:?} at temperature {temperature}, k {k}");
+        assert_eq!(p.tokens, s.tokens, "{case}");
+        assert_eq!(p.text, s.text, "{case}");
+        assert!(p.summary.pipelined && !s.summary.pipelined, "{case}");
+        assert_eq!(
+            (p.summary.blocks, p.summary.accepted_tokens, p.summary.easd_triggers, p.summary.target_forwards),
+            (s.summary.blocks, s.summary.accepted_tokens, s.summary.easd_triggers, s.summary.target_forwards),
+            "{case}: the same blocks were verified"
+        );
+        kept += p.summary.predrafts_kept;
+        dropped += p.summary.predrafts_dropped;
+    }
+    assert!(kept > 0 && dropped > 0, "both outcomes of drafting ahead were exercised: kept {kept}, dropped {dropped}");
+    // Releases are sent without making the client wait: poll (bounded) until both workers hold nothing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stack.draft_worker.sessions.stats().sessions + stack.verifier_workers[0].sessions.stats().sessions > 0 {
+        assert!(std::time::Instant::now() < deadline, "a session leaked on a worker");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    stack.shutdown().await;
+}
+
+/// A pipelined request that stops early (max_tokens, stop string) or whose client goes away mid-answer leaves no
+/// session behind on either worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_generation_ended_early_releases_both_workers() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions { pipeline: true, ..LocalOptions::default() }).await;
+    let full = generate(&stack.coordinator_url, request("abc", pb::Mode::Sd, 40)).await.unwrap();
+    assert!(full.summary.pipelined, "the stack's default applies");
+    let stop = full.text.chars().skip(12).take(3).collect::<String>();
+    let stopped = pb::GenerateRequest { stop: vec![stop.clone()], ..request("abc", pb::Mode::Sd, 40) };
+    let stopped = generate(&stack.coordinator_url, stopped).await.unwrap();
+    assert_eq!(stopped.summary.finish_reason, "stop");
+    assert_eq!(stopped.text, full.text[..full.text.find(&stop).unwrap()]);
+    let short = generate(&stack.coordinator_url, request("abc", pb::Mode::Sd, 7)).await.unwrap();
+    assert_eq!(short.tokens, full.tokens[..7]);
+    // A client that reads one delta and hangs up.
+    let mut client = CoordinatorClient::connect(stack.coordinator_url.clone()).await.unwrap();
+    let mut stream = client.generate(request("abc", pb::Mode::Sd, 200)).await.unwrap().into_inner();
+    assert!(stream.message().await.unwrap().is_some());
+    drop(stream);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stack.draft_worker.sessions.stats().sessions + stack.verifier_workers[0].sessions.stats().sessions > 0 {
+        assert!(std::time::Instant::now() < deadline, "a session leaked on a worker");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     stack.shutdown().await;
 }

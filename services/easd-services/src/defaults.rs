@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use easd_core::{EasdParams, Order, Penalty};
-use easd_server::coordinator::DefaultMode;
+use easd_server::coordinator::ModeKind;
 use serde::Deserialize;
 
 /// The `format` field a calibration file must carry.
@@ -18,7 +18,7 @@ pub const CALIBRATION_FORMAT: &str = "easd-calibration/1";
 pub struct EasdDefaultsArgs {
     /// Mode of requests that name none: sd | easd | target | draft.
     #[arg(long, env = "EASD_MODE", default_value = "sd")]
-    pub mode: DefaultMode,
+    pub mode: ModeKind,
     /// Block size k of requests that name none.
     #[arg(long, env = "EASD_BLOCK_K", default_value_t = easd_server::coordinator::request::DEFAULT_BLOCK_SIZE)]
     pub k: usize,
@@ -48,7 +48,7 @@ pub struct EasdDefaultsArgs {
 /// The defaults, resolved and validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Defaults {
-    pub mode: DefaultMode,
+    pub mode: ModeKind,
     pub k: usize,
     pub easd: EasdParams,
 }
@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn without_flags_the_design_defaults_apply() {
         let d = resolve(&[]).unwrap();
-        assert_eq!(d, Defaults { mode: DefaultMode::Sd, k: 4, easd: EasdParams::default() });
+        assert_eq!(d, Defaults { mode: ModeKind::Sd, k: 4, easd: EasdParams::default() });
     }
 
     #[test]
@@ -158,7 +158,7 @@ mod tests {
             "--penalty=scale:0.25",
         ])
         .unwrap();
-        assert_eq!(d.mode, DefaultMode::Easd);
+        assert_eq!(d.mode, ModeKind::Easd);
         assert_eq!(d.k, 6);
         let expected = EasdParams {
             top_n: 8,

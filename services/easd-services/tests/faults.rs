@@ -1,10 +1,15 @@
 //! Fault tests across real processes on loopback: verifier killed (SIGKILL) or hung (SIGSTOP) mid-generation,
 //! a replica coming back, the draft dying. Greedy output must be byte-identical to an undisturbed run.
+//!
+//! The coordinator runs the pipelined loop (its default with separate workers, and asked for explicitly here), so
+//! every failure lands with a block in flight and the next block being drafted; the reference is checked against
+//! the sequential loop too.
 
 mod support;
 
 use std::time::Duration;
 
+use easd_proto::v1 as pb;
 use support::*;
 
 const MAX_TOKENS: u32 = 300;
@@ -40,10 +45,18 @@ async fn cluster() -> Cluster {
     Cluster { pair, draft, v1, v2, coord }
 }
 
+fn pipelined(prompt: &str, max_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest { pipeline: Some(true), ..request(prompt, max_tokens) }
+}
+
 async fn reference(url: &str) -> Outcome {
-    let out = generate(url, request(PROMPT, MAX_TOKENS), async |_| {}).await.unwrap();
+    let out = generate(url, pipelined(PROMPT, MAX_TOKENS), async |_| {}).await.unwrap();
     assert!(out.tokens.len() >= 60, "the reference is long enough to interrupt ({} tokens)", out.tokens.len());
     assert_eq!(out.summary.failovers, 0);
+    assert!(out.summary.pipelined && out.summary.predrafts_kept > 0, "{:?}", out.summary);
+    let sequential = pb::GenerateRequest { pipeline: Some(false), ..request(PROMPT, MAX_TOKENS) };
+    let sequential = generate(url, sequential, async |_| {}).await.unwrap();
+    assert_eq!(sequential.tokens, out.tokens, "pipelined and sequential loops agree");
     out
 }
 
@@ -62,7 +75,7 @@ async fn killing_the_serving_verifier_mid_answer_loses_nothing() {
     let expected = reference(&c.coord.url()).await;
     let url = c.coord.url();
     let mut killed = None;
-    let out = generate(&url, request(PROMPT, MAX_TOKENS), async |n| {
+    let out = generate(&url, pipelined(PROMPT, MAX_TOKENS), async |n| {
         if killed.is_none() && n >= 20 {
             let victim = serving_verifier(&url).await;
             if victim == c.v1.url() {
@@ -88,7 +101,7 @@ async fn a_hung_verifier_is_left_behind_by_the_deadline() {
     let expected = reference(&c.coord.url()).await;
     let url = c.coord.url();
     let mut stopped: Option<&Proc> = None;
-    let out = generate(&url, request(PROMPT, MAX_TOKENS), async |n| {
+    let out = generate(&url, pipelined(PROMPT, MAX_TOKENS), async |n| {
         if stopped.is_none() && n >= 20 {
             let victim = serving_verifier(&url).await;
             let p = if victim == c.v1.url() { &c.v1 } else { &c.v2 };
@@ -132,7 +145,7 @@ async fn killing_the_draft_falls_back_to_target_mode() {
     let expected = reference(&c.coord.url()).await;
     let url = c.coord.url();
     let mut killed = false;
-    let out = generate(&url, request(PROMPT, MAX_TOKENS), async |n| {
+    let out = generate(&url, pipelined(PROMPT, MAX_TOKENS), async |n| {
         if !killed && n >= 20 {
             c.draft.kill();
             killed = true;
@@ -144,7 +157,7 @@ async fn killing_the_draft_falls_back_to_target_mode() {
     assert_eq!(out.tokens, expected.tokens);
     assert!(out.summary.note.contains("target mode"), "{:?}", out.summary.note);
     // New sessions keep working without a draft too.
-    let again = generate(&url, request(PROMPT, 30), async |_| {}).await.unwrap();
+    let again = generate(&url, pipelined(PROMPT, 30), async |_| {}).await.unwrap();
     assert_eq!(again.tokens[..], expected.tokens[..again.tokens.len()]);
 }
 
@@ -154,7 +167,7 @@ async fn no_verifier_left_gives_unavailable_not_a_hang() {
     c.v1.kill();
     c.v2.kill();
     let started = std::time::Instant::now();
-    let err = generate(&c.coord.url(), request(PROMPT, 20), async |_| {}).await.err().expect("must fail");
+    let err = generate(&c.coord.url(), pipelined(PROMPT, 20), async |_| {}).await.err().expect("must fail");
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     assert!(err.message().contains("verifier"), "{}", err.message());
     assert!(started.elapsed() < Duration::from_secs(30));

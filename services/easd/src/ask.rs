@@ -4,29 +4,11 @@ use std::io::Write;
 
 use anyhow::Context;
 use easd_proto::v1::{self as pb, coordinator_client::CoordinatorClient, generate_request::Input};
+use easd_server::coordinator::ModeKind;
 use easd_server::local::LocalOptions;
 use serde_json::json;
 
 use crate::stack::LocalArgs;
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModeArg {
-    Target,
-    Draft,
-    Sd,
-    Easd,
-}
-
-impl ModeArg {
-    pub fn to_pb(self) -> pb::Mode {
-        match self {
-            Self::Target => pb::Mode::Target,
-            Self::Draft => pb::Mode::Draft,
-            Self::Sd => pb::Mode::Sd,
-            Self::Easd => pb::Mode::Easd,
-        }
-    }
-}
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum OrderArg {
@@ -77,8 +59,12 @@ impl EasdArgs {
 pub struct AskArgs {
     /// The question (or, with --raw, the prompt text).
     pub question: String,
-    #[arg(long, value_enum, default_value = "sd")]
-    pub mode: ModeArg,
+    /// target | draft | sd | easd.
+    #[arg(long, default_value = "sd")]
+    pub mode: ModeKind,
+    /// Verify and draft in turns (`--pipeline false`) or draft ahead (`true`); default: the coordinator's choice.
+    #[arg(long)]
+    pub pipeline: Option<bool>,
     /// Coordinator URL; without it the whole stack starts in this process.
     #[arg(long)]
     pub coordinator: Option<String>,
@@ -136,6 +122,7 @@ impl AskArgs {
             stop: self.stop.clone(),
             logprobs: self.logprobs,
             request_id: String::new(),
+            pipeline: self.pipeline,
         }
     }
 }
@@ -241,6 +228,9 @@ pub fn answer_json(a: &Answer) -> serde_json::Value {
         "target_forward_s": s.target_forward_seconds,
         "overhead_s": s.overhead_seconds,
         "note": s.note,
+        "pipelined": s.pipelined,
+        "predrafts_kept": s.predrafts_kept,
+        "predrafts_dropped": s.predrafts_dropped,
     });
     if !a.logprobs.is_empty() {
         v["logprobs"] = a

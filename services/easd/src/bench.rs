@@ -13,6 +13,8 @@ pub enum BenchCommand {
     Model(ModelBenchArgs),
     /// Greedy answer to a GSM8K question, then one-pass block scoring vs sequential argmax.
     Verify(VerifyArgs),
+    /// A TCP forwarder adding a one-way latency to every chunk (simulated hosts; `scripts/bench-two-hosts.sh`).
+    Proxy(crate::proxy::ProxyArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -85,6 +87,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Model(args) => bench_model(args),
         BenchCommand::Verify(args) => verify(args),
+        BenchCommand::Proxy(args) => crate::runtime()?.block_on(crate::proxy::run(args)),
     }
 }
 

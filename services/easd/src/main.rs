@@ -6,6 +6,7 @@ mod bench;
 mod eval;
 mod health;
 mod models;
+mod proxy;
 mod stack;
 mod tokenize;
 mod up;

@@ -1,7 +1,16 @@
 //! One generation session: the loop of DESIGN §3.1 — propose → verify → decide → commit — for every mode.
 //!
 //! The coordinator holds the committed tokens (the source of truth). Each worker call carries a prefix claim
-//! computed from them, so a worker that lost or diverged from the session is detected and re-fed the full context.
+//! computed from them ([`super::pinned`]), so a worker that lost or diverged from the session is detected and re-fed
+//! the full context. The loop talks to the two sides through [`DraftSide`] and [`VerifierSide`].
+//!
+//! **Pipelined loop** (DESIGN §3.4; sd and easd, on unless the coordinator or the request turns it off): while the
+//! verifier scores block i, the draft drafts from the committed prefix + block i + its own next token — its guess of
+//! the bonus — and then block i+1. If block i is accepted whole and the target's bonus equals the guess, the committed
+//! tokens are exactly the context block i+1 was drafted from, so it is the block the sequential loop would have
+//! drafted (every draw is keyed by seed, position and purpose, DESIGN §2.4): it is verified next, with the draft
+//! already drafting ahead again. Anything else cancels the pre-draft, and drafting restarts from the corrected
+//! prefix. Same blocks, same verifier calls, same decisions: same tokens; only the timing changes.
 //!
 //! Observability stays at the edges of the loop: each step runs in a `step` span (accepted, triggers), each worker
 //! call in a client span (`draft.propose`, `verify`) whose context travels in the request's metadata, and the
@@ -10,19 +19,18 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use easd_core::{DraftToken, Mode, TargetPosition, verify_block};
+use easd_core::{BlockOutcome, DraftToken, Mode, TargetPosition, verify_block};
 use easd_model::{IncrementalDecoder, Tokenizer};
 use easd_proto::v1 as pb;
 use easd_telemetry::CoordinatorMetrics;
 use tokio::sync::mpsc;
-use tonic::{Code, Status};
+use tonic::Status;
 use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::output::StopFilter;
-use super::pool::{Lease, Pool, Replica, call_error, is_transport_failure};
 use super::request::Plan;
-use crate::convert::{draft_token_from_pb, penalty_to_alpha, sampling_to_pb, sparse_to_pb, target_position_from_pb};
+use super::sides::{DraftSide, Drafted, Scored, VerifierSide};
 use crate::error::ServerError;
 use crate::prefix::HashedTokens;
 
@@ -39,7 +47,8 @@ struct Stats {
     discarded: u32,
     draft_forward_s: f64,
     target_forward_s: f64,
-    failovers: u32,
+    predrafts_kept: u32,
+    predrafts_dropped: u32,
     triggers: Vec<pb::EasdTrigger>,
     first_token_s: Option<f64>,
 }
@@ -50,21 +59,28 @@ struct Emitted {
     target: Option<Arc<TargetPosition>>,
 }
 
-pub struct Generation {
+/// The next block, when the pipelined loop drafted it while the previous one was being verified.
+enum Ahead {
+    /// Not drafted (sequential loop, or no room left after this block).
+    NotDrafted,
+    /// The block was kept whole and its bonus token is the draft's guess: the pre-drafted block is the next one.
+    Kept(Drafted),
+    /// Anything else: the pre-draft was cancelled (or its result discarded); drafting restarts from the corrected
+    /// prefix, and the draft's claim rolls its cache back.
+    Dropped { forward_s: f64 },
+}
+
+pub struct Generation<D, V> {
     plan: Plan,
-    drafts: Arc<Pool>,
-    verifiers: Arc<Pool>,
+    draft: D,
+    verifier: V,
     tokenizer: Arc<Tokenizer>,
-    session_id: String,
     committed: HashedTokens,
     prompt_len: usize,
-    /// How many committed tokens each worker's cache is known to hold (0: send the full context).
-    draft_synced: usize,
-    verifier_synced: usize,
-    /// The replicas this session is pinned to (its KV caches live there); None until first used.
-    draft: Option<Lease>,
-    verifier: Option<Lease>,
-    verifiers_used: Vec<String>,
+    /// Draft the next block while the verifier scores this one (sd / easd).
+    pipeline: bool,
+    /// The next block, drafted ahead and kept (pipelined loop).
+    ahead: Option<Vec<DraftToken>>,
     notes: Vec<String>,
     /// The mode the client asked for (the plan's mode may fall back to `target`).
     mode_name: &'static str,
@@ -73,31 +89,28 @@ pub struct Generation {
     metrics: CoordinatorMetrics,
 }
 
-impl Generation {
-    /// `verifier`: the admitted lease (None in draft mode).
+impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
+    /// `pipeline`: draft block i+1 while block i is verified (only sd and easd speculate).
     pub fn new(
         plan: Plan,
-        drafts: Arc<Pool>,
-        verifiers: Arc<Pool>,
+        draft: D,
+        verifier: V,
         tokenizer: Arc<Tokenizer>,
-        verifier: Option<Lease>,
         metrics: CoordinatorMetrics,
+        pipeline: bool,
     ) -> Self {
         let committed = HashedTokens::from_tokens(&plan.prompt_tokens);
         let mode_name = plan.mode.name();
+        let pipeline = pipeline && matches!(plan.mode, Mode::Sd | Mode::Easd(_));
         Self {
-            session_id: plan.request_id.clone(),
             prompt_len: plan.prompt_tokens.len(),
             committed,
             plan,
-            drafts,
-            verifiers,
-            tokenizer,
-            draft_synced: 0,
-            verifier_synced: 0,
-            verifiers_used: verifier.iter().map(|l| l.replica.url.clone()).collect(),
-            draft: None,
+            draft,
             verifier,
+            tokenizer,
+            pipeline,
+            ahead: None,
             notes: Vec::new(),
             mode_name,
             stats: Stats::default(),
@@ -110,7 +123,8 @@ impl Generation {
         self.committed.len() - self.prompt_len
     }
 
-    /// Runs to completion, streaming deltas; returns the summary (also sent as the last event).
+    /// Runs to completion, streaming deltas; returns the summary (also sent as the last event). A client that goes
+    /// away ends the generation at once, even with a block in flight.
     pub async fn run(mut self, tx: &EventSender) -> Result<pb::Summary, ServerError> {
         let tokenizer = self.tokenizer.clone();
         let mut decoder = IncrementalDecoder::new(&tokenizer);
@@ -119,7 +133,10 @@ impl Generation {
         let result: Result<&str, ServerError> = async {
             loop {
                 let room = self.plan.max_tokens - self.generated();
-                let emitted = self.traced_step(room).await?;
+                let emitted = tokio::select! {
+                    emitted = self.traced_step(room) => emitted?,
+                    () = tx.closed() => return Err(client_gone()),
+                };
                 let mut delta = pb::TextDelta::default();
                 let mut finish = None;
                 let mut stopped_by_string = false;
@@ -160,7 +177,8 @@ impl Generation {
             }
         }
         .await;
-        self.release_sessions();
+        self.draft.release();
+        self.verifier.release();
         let finish_reason = result?;
         let summary = self.summary(finish_reason);
         Ok(summary)
@@ -177,7 +195,7 @@ impl Generation {
         }
         let tokens = delta.token_ids.len() as u64;
         let event = pb::GenerateEvent { event: Some(pb::generate_event::Event::Delta(delta)) };
-        tx.send(Ok(event)).await.map_err(|_| ServerError::Unavailable("the client went away".into()))?;
+        tx.send(Ok(event)).await.map_err(|_| client_gone())?;
         self.metrics.add_generated_tokens(self.mode_name, tokens);
         Ok(())
     }
@@ -193,61 +211,96 @@ impl Generation {
 
     /// One step of the loop for the request's mode; returns the tokens to commit, in order.
     async fn step(&mut self, room: usize) -> Result<Vec<Emitted>, ServerError> {
-        let count = self.plan.k.min(room).max(1);
         match self.plan.mode.clone() {
-            Mode::Target => {
-                let positions = self.verify(&[]).await?;
-                let p = Arc::new(positions.into_iter().next().expect("one position for an empty block"));
-                self.stats.blocks += 1;
-                Ok(vec![Emitted { token: p.sample_token, target: Some(p) }])
-            }
+            Mode::Target => self.target_step().await,
             Mode::Draft => {
-                let drafted = self.propose(count).await?.ok_or_else(|| {
+                let count = self.plan.k.min(room).max(1);
+                let drafted = self.draft.propose(&self.committed, count).await?.ok_or_else(|| {
                     ServerError::Unavailable(
                         "no draft replica is available and the request asked for draft mode".into(),
                     )
                 })?;
                 self.stats.blocks += 1;
-                self.draft_synced = self.committed.len() + drafted.len() - 1;
-                Ok(drafted.into_iter().map(|d| Emitted { token: d.token, target: None }).collect())
+                self.stats.draft_forward_s += drafted.forward_s;
+                Ok(drafted.tokens.into_iter().map(|d| Emitted { token: d.token, target: None }).collect())
             }
-            mode @ (Mode::Sd | Mode::Easd(_)) => {
-                let Some(drafted) = self.propose(count).await? else {
+            mode @ (Mode::Sd | Mode::Easd(_)) => self.speculative_step(&mode, room).await,
+        }
+    }
+
+    /// The target alone: one token from an empty block's bonus position.
+    async fn target_step(&mut self) -> Result<Vec<Emitted>, ServerError> {
+        let scored = self.verifier.verify(&self.committed, &[]).await?;
+        self.stats.target_forwards += 1;
+        self.stats.target_forward_s += scored.forward_s;
+        self.stats.blocks += 1;
+        let p = Arc::new(scored.positions.into_iter().next().expect("one position for an empty block"));
+        Ok(vec![Emitted { token: p.sample_token, target: Some(p) }])
+    }
+
+    /// propose (or take the block drafted ahead) → verify (drafting the next block meanwhile, when pipelined) →
+    /// decide. Either way the same blocks are verified, so the same tokens come out: only the timing differs.
+    async fn speculative_step(&mut self, mode: &Mode, room: usize) -> Result<Vec<Emitted>, ServerError> {
+        let count = self.plan.k.min(room).max(1);
+        let block = match self.ahead.take() {
+            Some(block) => block,
+            None => match self.draft.propose(&self.committed, count).await? {
+                Some(drafted) => {
+                    self.stats.draft_forward_s += drafted.forward_s;
+                    drafted.tokens
+                }
+                None => {
                     // Without a draft the target generates alone: slower, never wrong (lossless for sd).
                     self.notes.push(format!(
                         "draft unavailable after {} generated tokens: continued in target mode",
                         self.generated()
                     ));
                     self.plan.mode = Mode::Target;
-                    return Box::pin(self.step(room)).await;
-                };
-                let positions = self.verify(&drafted).await?;
-                let first_position = self.committed.len() as u64;
-                let outcome = verify_block(
-                    &mode,
-                    self.plan.sampling.is_greedy(),
-                    self.plan.seed,
-                    first_position,
-                    &drafted,
-                    &positions,
-                );
-                self.record_block(&drafted, &outcome, first_position);
-                let base = self.committed.len();
-                self.draft_synced = base + outcome.accepted.min(drafted.len() - 1);
-                self.verifier_synced = base + outcome.accepted;
-                let positions: Vec<Arc<TargetPosition>> = positions.into_iter().map(Arc::new).collect();
-                Ok(outcome
-                    .tokens
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &token)| Emitted { token, target: Some(positions[i].clone()) })
-                    .collect())
+                    return self.target_step().await;
+                }
+            },
+        };
+        debug_assert_eq!(block.len(), count, "a block drafted ahead has the size the sequential loop would draft");
+        let first_position = self.committed.len() as u64;
+        let (greedy, seed) = (self.plan.sampling.is_greedy(), self.plan.seed);
+        let decide = |positions: &[TargetPosition]| verify_block(mode, greedy, seed, first_position, &block, positions);
+        // Room for another block if this one is kept whole (k accepted + the bonus).
+        let ahead_count = self.plan.k.min(room.saturating_sub(block.len() + 1));
+        let (scored, outcome, ahead) = if self.pipeline && ahead_count > 0 {
+            verify_drafting_ahead(&mut self.draft, &mut self.verifier, &self.committed, &block, ahead_count, decide)
+                .await?
+        } else {
+            let scored = self.verifier.verify(&self.committed, &block).await?;
+            let outcome = decide(&scored.positions);
+            (scored, outcome, Ahead::NotDrafted)
+        };
+        self.stats.target_forwards += 1;
+        self.stats.target_forward_s += scored.forward_s;
+        match ahead {
+            Ahead::NotDrafted => {}
+            Ahead::Kept(drafted) => {
+                self.stats.predrafts_kept += 1;
+                self.stats.draft_forward_s += drafted.forward_s;
+                // The first token was the guess of this block's bonus; the rest is the next block.
+                self.ahead = Some(drafted.tokens.into_iter().skip(1).collect());
+            }
+            Ahead::Dropped { forward_s } => {
+                self.stats.predrafts_dropped += 1;
+                self.stats.draft_forward_s += forward_s;
             }
         }
+        self.record_block(&block, &outcome, first_position);
+        let positions: Vec<Arc<TargetPosition>> = scored.positions.into_iter().map(Arc::new).collect();
+        Ok(outcome
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| Emitted { token, target: Some(positions[i].clone()) })
+            .collect())
     }
 
     /// Counts a decided block into the summary's stats, the step span and the metrics.
-    fn record_block(&mut self, drafted: &[DraftToken], outcome: &easd_core::BlockOutcome, first_position: u64) {
+    fn record_block(&mut self, drafted: &[DraftToken], outcome: &BlockOutcome, first_position: u64) {
         let triggers = u64::from(outcome.easd_triggered());
         let span = tracing::Span::current();
         span.record("accepted", outcome.accepted);
@@ -273,197 +326,6 @@ impl Generation {
         }
     }
 
-    /// Claim for a worker that holds `synced` committed tokens: always resend at least the last token.
-    fn claim(&self, synced: usize) -> (Option<pb::PrefixClaim>, Vec<u32>, bool) {
-        if synced == 0 {
-            return (None, self.committed.tokens().to_vec(), true);
-        }
-        let len = synced.min(self.committed.len() - 1);
-        let claim = pb::PrefixClaim { length: len as u32, hash: self.committed.hash_of_prefix(len) };
-        (Some(claim), self.committed.tokens()[len..].to_vec(), false)
-    }
-
-    /// Drafts `count` tokens; None when no draft replica can serve (the caller falls back to target mode).
-    async fn propose(&mut self, count: usize) -> Result<Option<Vec<DraftToken>>, ServerError> {
-        let pool = self.drafts.clone();
-        let mut failed: Vec<String> = Vec::new();
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            if self.draft.is_none() {
-                match pool.try_lease(&failed, false) {
-                    Some(lease) => {
-                        self.draft = Some(lease);
-                        self.draft_synced = 0;
-                    }
-                    None => return Ok(None),
-                }
-            }
-            let replica = self.draft.as_ref().expect("leased above").replica.clone();
-            if attempt > 1 {
-                self.metrics.inc_retry("draft");
-            }
-            let result = match pool.ensure_checked(&replica).await {
-                Ok(()) => self.propose_on(&replica, count).await.map_err(|s| call_error(&replica.url, s)),
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok((tokens, seconds)) => {
-                    if tokens.len() != count {
-                        return Err(ServerError::Internal(format!(
-                            "draft sent {} tokens, {count} asked",
-                            tokens.len()
-                        )));
-                    }
-                    self.stats.draft_forward_s += seconds;
-                    self.draft_synced = self.committed.len();
-                    return tokens.into_iter().map(draft_token_from_pb).collect::<Result<_, _>>().map(Some);
-                }
-                Err(ServerError::Worker(s)) if session_lost(&s) && attempt <= pool.config.backoff.max_attempts => {
-                    tracing::info!(session = %self.session_id, status = %s.message(), "draft lost the session; resending the full context");
-                    self.draft_synced = 0;
-                }
-                Err(e) if is_transport_failure(&e) || matches!(e, ServerError::Incompatible(_)) => {
-                    tracing::warn!(session = %self.session_id, error = %e, "draft replica failed");
-                    replica.mark_failed();
-                    failed.push(replica.url.clone());
-                    self.draft = None;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// One `Propose` call in a `draft.propose` client span, whose context the draft continues.
-    async fn propose_on(&self, replica: &Replica, count: usize) -> Result<(Vec<pb::DraftToken>, f64), Status> {
-        let span = tracing::info_span!("draft.propose", otel.kind = "client", replica = %replica.url, count);
-        self.propose_call(replica, count).instrument(span).await
-    }
-
-    async fn propose_call(&self, replica: &Replica, count: usize) -> Result<(Vec<pb::DraftToken>, f64), Status> {
-        let (claim, new_tokens, full_context) = self.claim(self.draft_synced);
-        let mut req = tonic::Request::new(pb::ProposeRequest {
-            session_id: self.session_id.clone(),
-            claim,
-            new_tokens,
-            full_context,
-            count: count as u32,
-            sampling: Some(sampling_to_pb(&self.plan.sampling, self.plan.seed)),
-            proposal_support: easd_core::DEFAULT_K_Q as u32,
-            top_n: self.plan.easd.top_n as u32,
-        });
-        req.set_timeout(self.drafts.config.call_timeout);
-        easd_telemetry::inject_context(&mut req);
-        let mut stream = replica.draft().propose(req).await?.into_inner();
-        let mut tokens = Vec::with_capacity(count);
-        let mut seconds = 0.0;
-        while let Some(t) = stream.message().await? {
-            seconds += f64::from(t.forward_seconds);
-            tokens.push(t);
-        }
-        Ok((tokens, seconds))
-    }
-
-    /// Scores `block` on the pinned verifier; on a transport failure the session moves to another healthy replica,
-    /// which rebuilds the cache from the committed tokens. Gives up with UNAVAILABLE after the retry budget.
-    async fn verify(&mut self, block: &[DraftToken]) -> Result<Vec<TargetPosition>, ServerError> {
-        let pool = self.verifiers.clone();
-        let backoff = pool.config.backoff;
-        let mut last_error = None;
-        for attempt in 1..=backoff.max_attempts {
-            if self.verifier.is_none() {
-                let failed_url = last_error.as_ref().map(|(url, _): &(String, ServerError)| url.clone());
-                let exclude: Vec<String> = failed_url.into_iter().collect();
-                // Prefer another replica; the failed one is retried only when it is the only one left.
-                match pool.try_lease(&exclude, false).or_else(|| pool.try_lease(&[], false)) {
-                    Some(lease) => {
-                        if !self.verifiers_used.contains(&lease.replica.url) {
-                            self.verifiers_used.push(lease.replica.url.clone());
-                        }
-                        if last_error.is_some() {
-                            self.stats.failovers += 1;
-                            self.metrics.inc_failover();
-                            tracing::warn!(session = %self.session_id, to = %lease.replica.url, "failing over");
-                        }
-                        self.verifier = Some(lease);
-                        self.verifier_synced = 0;
-                    }
-                    None => {
-                        backoff.wait(attempt).await;
-                        pool.probe_all().await;
-                        continue;
-                    }
-                }
-            }
-            let replica = self.verifier.as_ref().expect("leased above").replica.clone();
-            if attempt > 1 {
-                self.metrics.inc_retry("verifier");
-            }
-            let result = match pool.ensure_checked(&replica).await {
-                Ok(()) => self.verify_on(&replica, block).await.map_err(|s| call_error(&replica.url, s)),
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(resp) => {
-                    if resp.positions.len() != block.len() + 1 {
-                        return Err(ServerError::Internal(format!(
-                            "verifier sent {} positions for a block of {}",
-                            resp.positions.len(),
-                            block.len()
-                        )));
-                    }
-                    self.stats.target_forwards += 1;
-                    self.stats.target_forward_s += f64::from(resp.forward_seconds);
-                    self.verifier_synced = self.committed.len();
-                    return Ok(resp.positions.into_iter().map(target_position_from_pb).collect());
-                }
-                Err(ServerError::Worker(s)) if session_lost(&s) => {
-                    tracing::info!(session = %self.session_id, status = %s.message(), "verifier lost the session; resending the full context");
-                    self.verifier_synced = 0;
-                }
-                Err(e) if is_transport_failure(&e) || matches!(e, ServerError::Incompatible(_)) => {
-                    tracing::warn!(session = %self.session_id, error = %e, "verifier replica failed");
-                    replica.mark_failed();
-                    self.verifier = None;
-                    last_error = Some((replica.url.clone(), e));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let reason = last_error.map_or_else(|| "no replica was healthy".to_owned(), |(_, e)| e.to_string());
-        Err(ServerError::Unavailable(format!(
-            "no verifier replica could serve the session after {} attempts: {reason}",
-            backoff.max_attempts
-        )))
-    }
-
-    /// One `Verify` call in a `verify` client span, whose context the verifier continues.
-    async fn verify_on(&self, replica: &Replica, block: &[DraftToken]) -> Result<pb::VerifyResponse, Status> {
-        let span = tracing::info_span!("verify", otel.kind = "client", replica = %replica.url, block_len = block.len());
-        self.verify_call(replica, block).instrument(span).await
-    }
-
-    async fn verify_call(&self, replica: &Replica, block: &[DraftToken]) -> Result<pb::VerifyResponse, Status> {
-        let (claim, new_tokens, full_context) = self.claim(self.verifier_synced);
-        let mut req = tonic::Request::new(pb::VerifyRequest {
-            session_id: self.session_id.clone(),
-            claim,
-            new_tokens,
-            full_context,
-            block: block
-                .iter()
-                .map(|d| pb::DraftedToken { token: d.token, proposal: Some(sparse_to_pb(&d.proposal)) })
-                .collect(),
-            sampling: Some(sampling_to_pb(&self.plan.sampling, self.plan.seed)),
-            top_n: self.plan.easd.top_n as u32,
-            penalty_alpha: penalty_to_alpha(self.plan.easd.penalty),
-            logprobs: self.plan.logprobs as u32,
-        });
-        req.set_timeout(self.verifiers.config.call_timeout);
-        easd_telemetry::inject_context(&mut req);
-        Ok(replica.verifier().verify(req).await?.into_inner())
-    }
-
     fn token_info(&self, e: &Emitted) -> pb::TokenInfo {
         let text = |t: u32| self.tokenizer.token_text(t).unwrap_or_default();
         let Some(p) = &e.target else {
@@ -480,22 +342,6 @@ impl Generation {
                 .map(|&(token, logprob)| pb::TopLogprob { token, text: text(token), logprob })
                 .collect(),
         }
-    }
-
-    /// Frees the session's caches on the workers it is pinned to, without making the client wait.
-    fn release_sessions(&self) {
-        let req = pb::ReleaseRequest { session_id: self.session_id.clone() };
-        let draft = self.draft.as_ref().map(|l| l.replica.draft());
-        let verifier = self.verifier.as_ref().map(|l| l.replica.verifier());
-        let timeout = self.verifiers.config.call_timeout.min(std::time::Duration::from_secs(5));
-        tokio::spawn(async move {
-            if let Some(mut d) = draft {
-                let _ = tokio::time::timeout(timeout, d.release(req.clone())).await;
-            }
-            if let Some(mut v) = verifier {
-                let _ = tokio::time::timeout(timeout, v.release(req)).await;
-            }
-        });
     }
 
     fn summary(&self, finish_reason: &str) -> pb::Summary {
@@ -516,8 +362,8 @@ impl Generation {
             easd_triggers: s.easd_triggers,
             target_forwards: s.target_forwards,
             discarded_tokens: s.discarded,
-            verifiers: self.verifiers_used.clone(),
-            failovers: s.failovers,
+            verifiers: self.verifier.replicas_used(),
+            failovers: self.draft.failovers() + self.verifier.failovers(),
             finish_reason: finish_reason.to_owned(),
             time_to_first_token_s: s.first_token_s.unwrap_or(wall_s),
             draft_forward_seconds: s.draft_forward_s,
@@ -526,11 +372,68 @@ impl Generation {
             triggers: s.triggers.clone(),
             note: self.notes.join("; "),
             request_id: self.plan.request_id.clone(),
+            pipelined: self.pipeline,
+            predrafts_kept: s.predrafts_kept,
+            predrafts_dropped: s.predrafts_dropped,
         }
     }
 }
 
-/// The worker no longer holds (or never held) what we claimed: safe to resend the full context.
-fn session_lost(s: &Status) -> bool {
-    matches!(s.code(), Code::NotFound | Code::FailedPrecondition) && !s.message().starts_with("incompatible")
+fn client_gone() -> ServerError {
+    ServerError::Unavailable("the client went away".into())
 }
+
+/// Verifies `block` while the draft drafts the next one from the guess that `block` is kept whole: the committed
+/// tokens + `block` + the draft's own next token (its guess of the bonus, drawn like any draft token at that
+/// position), then `ahead_count` more. As soon as the verifier answers and the block is decided, a pre-draft that
+/// cannot be used is cancelled (the draft stops at its next token); one that can is awaited.
+async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
+    draft: &mut D,
+    verifier: &mut V,
+    committed: &HashedTokens,
+    block: &[DraftToken],
+    ahead_count: usize,
+    decide: impl FnOnce(&[TargetPosition]) -> BlockOutcome,
+) -> Result<(Scored, BlockOutcome, Ahead), ServerError> {
+    let mut guessed = committed.clone();
+    guessed.extend(&block.iter().map(|d| d.token).collect::<Vec<_>>());
+    let verify = verifier.verify(committed, block);
+    let predraft = draft.propose(&guessed, ahead_count + 1);
+    tokio::pin!(verify, predraft);
+    let mut drafted = None;
+    let scored = loop {
+        tokio::select! {
+            biased;
+            scored = &mut verify => break scored?,
+            result = &mut predraft, if drafted.is_none() => drafted = Some(result),
+        }
+    };
+    let outcome = decide(&scored.positions);
+    let kept_whole = outcome.bonus && outcome.accepted == block.len();
+    if !kept_whole {
+        let forward_s = match drafted {
+            Some(Ok(Some(d))) => d.forward_s,
+            _ => 0.0,
+        };
+        return Ok((scored, outcome, Ahead::Dropped { forward_s }));
+    }
+    let result = match drafted {
+        Some(result) => result,
+        None => predraft.await,
+    };
+    let ahead = match result {
+        Ok(Some(d)) if d.tokens.first().map(|t| t.token) == outcome.tokens.last().copied() => Ahead::Kept(d),
+        Ok(Some(d)) => Ahead::Dropped { forward_s: d.forward_s },
+        Ok(None) => Ahead::Dropped { forward_s: 0.0 },
+        Err(e) => {
+            // The next step drafts again and meets the error there if it persists.
+            tracing::warn!(error = %e, "drafting ahead failed; drafting the next block again");
+            Ahead::Dropped { forward_s: 0.0 }
+        }
+    };
+    Ok((scored, outcome, ahead))
+}
+
+#[cfg(test)]
+#[path = "generation_tests.rs"]
+mod tests;

@@ -6,10 +6,12 @@
 
 mod generation;
 pub mod output;
+pub mod pinned;
 pub mod policy;
 pub mod pool;
 pub mod request;
 pub mod retry;
+pub mod sides;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,9 +28,11 @@ use tracing::Instrument;
 use crate::error::ServerError;
 pub use generation::EventSender;
 use generation::Generation;
+use pinned::PinnedWorker;
 use pool::{Pool, PoolConfig, Role};
-pub use request::DefaultMode;
+pub use request::ModeKind;
 use request::{DEFAULT_BLOCK_SIZE, Plan, PlanContext, easd_params_to_pb, plan, requested_mode_name};
+use sides::{GrpcDraft, GrpcVerifier};
 
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -41,8 +45,11 @@ pub struct CoordinatorConfig {
     /// Default EASD parameters (DESIGN §2.2; a calibration file replaces the thresholds).
     pub default_easd: EasdParams,
     /// Mode and block size of requests that leave them unset.
-    pub default_mode: DefaultMode,
+    pub default_mode: ModeKind,
     pub default_k: usize,
+    /// Draft the next block while the verifier scores this one, for requests that do not say (`pipeline`).
+    /// Pays when draft and verifier run on separate machines; the tokens are the same either way.
+    pub pipeline: bool,
     pub pool: PoolConfig,
     /// How long start-up waits for the workers to answer `Info`.
     pub startup_timeout: Duration,
@@ -55,8 +62,9 @@ impl CoordinatorConfig {
             verifier_urls,
             verifier_dns: None,
             default_easd: EasdParams::default(),
-            default_mode: DefaultMode::default(),
+            default_mode: ModeKind::default(),
             default_k: DEFAULT_BLOCK_SIZE,
+            pipeline: true,
             pool: PoolConfig::default(),
             startup_timeout: Duration::from_secs(60),
         }
@@ -69,8 +77,9 @@ pub struct Coordinator {
     tokenizer: Arc<Tokenizer>,
     context_length: usize,
     default_easd: EasdParams,
-    default_mode: DefaultMode,
+    default_mode: ModeKind,
     default_k: usize,
+    pipeline: bool,
     draft_info: pb::ModelInfo,
     verifier_infos: Vec<pb::ModelInfo>,
     metrics: CoordinatorMetrics,
@@ -118,6 +127,7 @@ impl Coordinator {
             default_easd: config.default_easd,
             default_mode: config.default_mode,
             default_k: config.default_k,
+            pipeline: config.pipeline,
             draft_info: draft_infos[0].clone(),
             verifier_infos,
             metrics,
@@ -169,6 +179,7 @@ impl Coordinator {
             default_easd: &self.default_easd,
             default_mode: self.default_mode,
             default_k: self.default_k,
+            default_pipeline: self.pipeline,
         };
         let mode = requested_mode_name(req.mode, self.default_mode);
         plan(req, &ctx).inspect_err(|e| self.metrics.record_request(mode, code_name(e.code())))
@@ -203,8 +214,12 @@ impl Coordinator {
             easd_core::Mode::Draft => None,
             _ => Some(self.verifiers.admit().await?),
         };
-        let (drafts, verifiers, tokenizer) = (self.drafts.clone(), self.verifiers.clone(), self.tokenizer.clone());
-        Generation::new(plan, drafts, verifiers, tokenizer, lease, self.metrics.clone()).run(tx).await
+        let session = || plan.request_id.clone();
+        let draft = PinnedWorker::new(self.drafts.clone(), session(), None, self.metrics.clone());
+        let verifier = PinnedWorker::new(self.verifiers.clone(), session(), lease, self.metrics.clone());
+        let (draft, verifier) = (GrpcDraft::new(draft, &plan), GrpcVerifier::new(verifier, &plan));
+        let pipeline = plan.pipeline;
+        Generation::new(plan, draft, verifier, self.tokenizer.clone(), self.metrics.clone(), pipeline).run(tx).await
     }
 }
 

@@ -14,7 +14,7 @@ use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus,
 
 use super::policy::{Candidate, power_of_two};
 use super::retry::Backoff;
-use crate::error::ServerError;
+use crate::error::{ServerError, error_reason};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -426,6 +426,9 @@ pub fn call_error(url: &str, status: tonic::Status) -> ServerError {
             ServerError::Unavailable(format!("{url} is unavailable: {}", status.message()))
         }
         Code::DeadlineExceeded => ServerError::DeadlineExceeded(format!("{url} did not answer in time")),
+        _ if error_reason(&status) == pb::ErrorReason::IncompatibleModels => {
+            ServerError::Incompatible(format!("{url}: {}", status.message()))
+        }
         _ => ServerError::Worker(status),
     }
 }

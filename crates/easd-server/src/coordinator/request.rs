@@ -26,11 +26,14 @@ pub struct Plan {
     pub easd: EasdParams,
     pub stop: Vec<String>,
     pub logprobs: usize,
+    /// Draft the next block while the verifier scores this one (sd / easd only).
+    pub pipeline: bool,
 }
 
-/// The mode a request gets when it names none (`EASD_MODE`); `easd` uses the default EASD parameters.
+/// A mode by name: what the coordinator's default, the CLI and the OpenAI layer all parse and print. The request's
+/// [`Mode`] adds the EASD parameters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum DefaultMode {
+pub enum ModeKind {
     #[default]
     Sd,
     Easd,
@@ -38,13 +41,35 @@ pub enum DefaultMode {
     Draft,
 }
 
-impl DefaultMode {
+impl ModeKind {
+    pub const ALL: [ModeKind; 4] = [Self::Target, Self::Draft, Self::Sd, Self::Easd];
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Sd => "sd",
             Self::Easd => "easd",
             Self::Target => "target",
             Self::Draft => "draft",
+        }
+    }
+
+    pub fn to_pb(self) -> pb::Mode {
+        match self {
+            Self::Sd => pb::Mode::Sd,
+            Self::Easd => pb::Mode::Easd,
+            Self::Target => pb::Mode::Target,
+            Self::Draft => pb::Mode::Draft,
+        }
+    }
+
+    /// The mode a request names; None when it names none (`MODE_UNSPECIFIED`) or an unknown one.
+    pub fn from_pb(mode: i32) -> Option<Self> {
+        match pb::Mode::try_from(mode).ok()? {
+            pb::Mode::Unspecified => None,
+            pb::Mode::Sd => Some(Self::Sd),
+            pb::Mode::Easd => Some(Self::Easd),
+            pb::Mode::Target => Some(Self::Target),
+            pb::Mode::Draft => Some(Self::Draft),
         }
     }
 
@@ -58,29 +83,30 @@ impl DefaultMode {
     }
 }
 
-impl std::str::FromStr for DefaultMode {
+impl std::fmt::Display for ModeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ModeKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "sd" => Ok(Self::Sd),
-            "easd" => Ok(Self::Easd),
-            "target" => Ok(Self::Target),
-            "draft" => Ok(Self::Draft),
-            other => Err(format!("unknown mode {other:?}: expected sd, easd, target or draft")),
-        }
+        let s = s.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown mode {s:?}: expected sd, easd, target or draft"))
     }
 }
 
 /// The mode label of a request as sent (for metrics of requests refused before planning completes).
-pub fn requested_mode_name(mode: i32, default: DefaultMode) -> &'static str {
-    match pb::Mode::try_from(mode) {
-        Ok(pb::Mode::Unspecified) => default.name(),
-        Ok(pb::Mode::Sd) => "sd",
-        Ok(pb::Mode::Easd) => "easd",
-        Ok(pb::Mode::Target) => "target",
-        Ok(pb::Mode::Draft) => "draft",
-        Err(_) => "unknown",
+pub fn requested_mode_name(mode: i32, default: ModeKind) -> &'static str {
+    match (mode, ModeKind::from_pb(mode)) {
+        (_, Some(kind)) => kind.name(),
+        (0, None) => default.name(),
+        (_, None) => "unknown",
     }
 }
 
@@ -89,8 +115,9 @@ pub struct PlanContext<'a> {
     pub tokenizer: &'a Tokenizer,
     pub context_length: usize,
     pub default_easd: &'a EasdParams,
-    pub default_mode: DefaultMode,
+    pub default_mode: ModeKind,
     pub default_k: usize,
+    pub default_pipeline: bool,
 }
 
 pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, ServerError> {
@@ -150,16 +177,13 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
         SamplingParams { temperature, top_k: req.top_k.unwrap_or(0) as usize, top_p: req.top_p.unwrap_or(1.0) };
     sampling.validate()?;
 
-    let mode_kind =
-        pb::Mode::try_from(req.mode).map_err(|_| ServerError::invalid("mode", format!("unknown mode {}", req.mode)))?;
-    let easd = easd_params(req.easd.unwrap_or_default(), ctx.default_easd)?;
-    let mode = match mode_kind {
-        pb::Mode::Unspecified => ctx.default_mode.to_mode(&easd),
-        pb::Mode::Sd => Mode::Sd,
-        pb::Mode::Target => Mode::Target,
-        pb::Mode::Draft => Mode::Draft,
-        pb::Mode::Easd => Mode::Easd(easd.clone()),
+    let kind = match ModeKind::from_pb(req.mode) {
+        Some(kind) => kind,
+        None if req.mode == pb::Mode::Unspecified as i32 => ctx.default_mode,
+        None => return Err(ServerError::invalid("mode", format!("unknown mode {}", req.mode))),
     };
+    let easd = easd_params(req.easd.unwrap_or_default(), ctx.default_easd)?;
+    let mode = kind.to_mode(&easd);
 
     let k = req.k.map_or(ctx.default_k, |k| k as usize);
     validate_block_size(k)
@@ -195,6 +219,7 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
         easd,
         stop: req.stop,
         logprobs,
+        pipeline: req.pipeline.unwrap_or(ctx.default_pipeline),
     })
 }
 

@@ -52,6 +52,10 @@ struct Args {
     /// Sessions that may wait for a replica; more get RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
+    /// Verify and draft in turns instead of drafting the next block while the verifier scores this one (the
+    /// default when draft and verifier are separate workers). The tokens are the same; requests may override it.
+    #[arg(long, env = "EASD_NO_PIPELINE")]
+    no_pipeline: bool,
     /// Bearer token clients must send (authorization: Bearer …).
     #[arg(long, env = "EASD_API_TOKEN")]
     api_token: Option<String>,
@@ -104,6 +108,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.default_easd = defaults.easd;
     config.default_mode = defaults.mode;
     config.default_k = defaults.k;
+    config.pipeline = !args.no_pipeline;
     config.pool = PoolConfig {
         call_timeout: Duration::from_secs_f64(args.call_timeout_s),
         health_interval: Duration::from_secs_f64(args.health_interval_s),

@@ -1,0 +1,226 @@
+//! A session's hold on one worker: the lease on the replica its KV cache lives on, what that cache is known to hold,
+//! and the one call-with-failover every draft and verifier request goes through.
+//!
+//! What a worker holds is tracked as a token sequence (`held`), not a length: with the pipelined loop a worker also
+//! holds tokens that are not committed (a block being verified, the draft's guess of its bonus, a block drafted
+//! ahead). Each request claims the longest prefix that `held` shares with the context it needs (always leaving the
+//! last token to be resent: its logits are not cached), so rolling back after a rejection, after a dropped pre-draft
+//! or after a failover is the same single rule — and the only writes to `held` are in this file:
+//!
+//! * before a call is awaited, `held` is cut to the claimed prefix: whether the call then completes, fails or is
+//!   cancelled half-way (a dropped pre-draft), the worker holds at least that;
+//! * after a call succeeds, the caller records what the worker appended ([`PinnedWorker::now_holds`]);
+//! * a lost session or a new replica empties it: the next request carries the full context.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use easd_proto::v1 as pb;
+use easd_telemetry::CoordinatorMetrics;
+use tonic::Status;
+
+use super::pool::{Lease, Pool, Replica, Role, call_error, is_transport_failure};
+use crate::error::{ServerError, is_session_lost};
+use crate::prefix::HashedTokens;
+
+/// The context part of a worker request: a claim on what the worker holds, and the tokens after it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContextPart {
+    pub claim: Option<pb::PrefixClaim>,
+    pub new_tokens: Vec<u32>,
+    pub full_context: bool,
+}
+
+impl ContextPart {
+    fn claimed_len(&self) -> usize {
+        self.claim.as_ref().map_or(0, |c| c.length as usize)
+    }
+}
+
+/// What to claim from a worker that holds `held` (a prefix of what it really holds) for a request on `context`.
+pub fn context_part(held: &HashedTokens, context: &HashedTokens) -> ContextPart {
+    let common = held.common_prefix_len(context).min(context.len().saturating_sub(1));
+    if common == 0 {
+        return ContextPart { claim: None, new_tokens: context.tokens().to_vec(), full_context: true };
+    }
+    let claim = pb::PrefixClaim { length: common as u32, hash: context.hash_of_prefix(common) };
+    ContextPart { claim: Some(claim), new_tokens: context.tokens()[common..].to_vec(), full_context: false }
+}
+
+pub struct PinnedWorker {
+    pool: Arc<Pool>,
+    session_id: String,
+    lease: Option<Lease>,
+    held: HashedTokens,
+    /// Every replica that served the session, in order.
+    used: Vec<String>,
+    failovers: u32,
+    metrics: CoordinatorMetrics,
+}
+
+impl PinnedWorker {
+    /// `lease`: the replica admission chose (None: leased on the first call).
+    pub fn new(pool: Arc<Pool>, session_id: String, lease: Option<Lease>, metrics: CoordinatorMetrics) -> Self {
+        let used = lease.iter().map(|l| l.replica.url.clone()).collect();
+        Self { pool, session_id, lease, held: HashedTokens::default(), used, failovers: 0, metrics }
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    pub fn replicas_used(&self) -> &[String] {
+        &self.used
+    }
+
+    pub fn failovers(&self) -> u32 {
+        self.failovers
+    }
+
+    /// After a successful call on `context`: the worker now holds `context` followed by `appended`.
+    pub fn now_holds(&mut self, context: &HashedTokens, appended: &[u32]) {
+        self.held.truncate(self.held.common_prefix_len(context));
+        self.held.extend(&context.tokens()[self.held.len()..]);
+        self.held.extend(appended);
+    }
+
+    /// Sends one request for `context` with `send`, on the pinned replica. A lost session is re-sent with the full
+    /// context; a transport failure or an incompatible replica moves the session to another healthy replica (the
+    /// verifier waits with backoff while none is healthy). `Ok(None)`: no draft replica can serve (the caller
+    /// continues without a draft); a verifier gives up with UNAVAILABLE after the attempt budget.
+    pub async fn call<T, F, Fut>(&mut self, context: &HashedTokens, mut send: F) -> Result<Option<T>, ServerError>
+    where
+        F: FnMut(Arc<Replica>, ContextPart) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let role = self.pool.role;
+        let backoff = self.pool.config.backoff;
+        let mut failed: Vec<String> = Vec::new();
+        let mut last_error: Option<ServerError> = None;
+        for attempt in 1..=backoff.max_attempts {
+            if self.lease.is_none() {
+                match self.lease_another(&failed) {
+                    Some(lease) => {
+                        if last_error.is_some() {
+                            self.failovers += 1;
+                            self.metrics.inc_failover();
+                            tracing::warn!(session = %self.session_id, role = role.name(), to = %lease.replica.url, "failing over");
+                        }
+                        if !self.used.contains(&lease.replica.url) {
+                            self.used.push(lease.replica.url.clone());
+                        }
+                        self.lease = Some(lease);
+                        self.held = HashedTokens::default();
+                    }
+                    None if role == Role::Draft => return Ok(None),
+                    None => {
+                        backoff.wait(attempt).await;
+                        self.pool.probe_all().await;
+                        continue;
+                    }
+                }
+            }
+            let replica = self.lease.as_ref().expect("leased above").replica.clone();
+            if attempt > 1 {
+                self.metrics.inc_retry(role.name());
+            }
+            let part = context_part(&self.held, context);
+            // Whatever happens to this call — even if it is dropped half-way — the worker keeps the claimed prefix.
+            self.held.truncate(part.claimed_len());
+            let result = match self.pool.ensure_checked(&replica).await {
+                Ok(()) => send(replica.clone(), part).await.map_err(|s| call_error(&replica.url, s)),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(value) => return Ok(Some(value)),
+                Err(ServerError::Worker(s)) if is_session_lost(&s) => {
+                    tracing::info!(session = %self.session_id, role = role.name(), status = %s.message(), "the worker lost the session; resending the full context");
+                    self.held = HashedTokens::default();
+                }
+                Err(e) if is_transport_failure(&e) || matches!(e, ServerError::Incompatible(_)) => {
+                    tracing::warn!(session = %self.session_id, role = role.name(), error = %e, "replica failed");
+                    replica.mark_failed();
+                    failed.push(replica.url.clone());
+                    self.lease = None;
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if role == Role::Draft {
+            return Ok(None);
+        }
+        let reason = last_error.map_or_else(|| "no replica was healthy".to_owned(), |e| e.to_string());
+        Err(ServerError::Unavailable(format!(
+            "no {} replica could serve the session after {} attempts: {reason}",
+            role.name(),
+            backoff.max_attempts
+        )))
+    }
+
+    /// Another healthy replica: one that has not failed this call; a verifier takes a failed one back when it is
+    /// the only one left (a draft lets the session continue without it instead).
+    fn lease_another(&self, failed: &[String]) -> Option<Lease> {
+        self.pool.try_lease(failed, false).or_else(|| match self.pool.role {
+            Role::Verifier => self.pool.try_lease(&[], false),
+            Role::Draft => None,
+        })
+    }
+
+    /// Frees the session's cache on the pinned replica, without making anyone wait.
+    pub fn release(&mut self) {
+        // The slot is freed now (the lease drops here); the cache is freed when the worker gets the request.
+        let Some(replica) = self.lease.take().map(|lease| lease.replica.clone()) else { return };
+        let req = pb::ReleaseRequest { session_id: self.session_id.clone() };
+        let timeout = self.pool.config.call_timeout.min(std::time::Duration::from_secs(5));
+        let role = self.pool.role;
+        tokio::spawn(async move {
+            let _ = match role {
+                Role::Draft => tokio::time::timeout(timeout, replica.draft().release(req)).await.map(|_| ()),
+                Role::Verifier => tokio::time::timeout(timeout, replica.verifier().release(req)).await.map(|_| ()),
+            };
+        });
+        self.held = HashedTokens::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(tokens: &[u32]) -> HashedTokens {
+        HashedTokens::from_tokens(tokens)
+    }
+
+    #[test]
+    fn a_fresh_worker_gets_the_full_context() {
+        let part = context_part(&HashedTokens::default(), &seq(&[1, 2, 3]));
+        assert_eq!(part, ContextPart { claim: None, new_tokens: vec![1, 2, 3], full_context: true });
+    }
+
+    #[test]
+    fn the_claim_is_the_shared_prefix_and_the_last_token_is_always_resent() {
+        // The worker holds exactly the context: claim all but the last token.
+        let part = context_part(&seq(&[1, 2, 3]), &seq(&[1, 2, 3]));
+        assert_eq!((part.claimed_len(), part.new_tokens), (2, vec![3]));
+        // It holds a rejected block beyond the shared prefix: roll back to where they agree.
+        let part = context_part(&seq(&[1, 2, 3, 9, 9]), &seq(&[1, 2, 3, 4]));
+        assert_eq!((part.claimed_len(), part.new_tokens), (3, vec![4]));
+        assert_eq!(part.claim.unwrap().hash, seq(&[1, 2, 3]).hash_of_prefix(3));
+    }
+
+    #[tokio::test]
+    async fn now_holds_records_the_context_and_what_the_worker_appended() {
+        let urls = ["127.0.0.1:1".to_owned()];
+        let pool = Pool::new(Role::Draft, &urls, "fp", Default::default(), None).unwrap();
+        let mut w = PinnedWorker::new(pool, "s".into(), None, CoordinatorMetrics::new());
+        w.now_holds(&seq(&[1, 2]), &[7, 8]);
+        assert_eq!(w.held.tokens(), &[1, 2, 7, 8]);
+        w.now_holds(&seq(&[1, 2, 7, 5]), &[]);
+        assert_eq!(w.held.tokens(), &[1, 2, 7, 5]);
+    }
+}

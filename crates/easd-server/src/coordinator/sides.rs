@@ -1,0 +1,216 @@
+//! The two sides of the speculative loop behind small traits — [`DraftSide`] proposes, [`VerifierSide`] scores —
+//! so the loop is tested with scripted fakes, and their gRPC implementations over [`PinnedWorker`]s.
+
+use std::future::Future;
+use std::time::Duration;
+
+use easd_core::{DraftToken, TargetPosition};
+use easd_proto::v1 as pb;
+use tracing::Instrument;
+
+use super::pinned::PinnedWorker;
+use super::request::Plan;
+use crate::convert::{draft_token_from_pb, penalty_to_alpha, sampling_to_pb, sparse_to_pb, target_position_from_pb};
+use crate::error::ServerError;
+use crate::prefix::HashedTokens;
+
+/// Tokens a draft proposed, in order, with the seconds it spent computing them.
+#[derive(Clone, Debug)]
+pub struct Drafted {
+    pub tokens: Vec<DraftToken>,
+    pub forward_s: f64,
+}
+
+/// The verifier's summaries of a block's positions and of the position after it.
+#[derive(Clone, Debug)]
+pub struct Scored {
+    pub positions: Vec<TargetPosition>,
+    pub forward_s: f64,
+}
+
+/// The draft side of a session.
+pub trait DraftSide: Send {
+    /// Drafts `count` tokens continuing `context` (the committed tokens, possibly followed by a block that is still
+    /// being verified and a guess of its bonus token). `Ok(None)`: no draft can serve; the loop goes on without one.
+    /// Dropping the future cancels the request; the next one still claims correctly.
+    fn propose(
+        &mut self,
+        context: &HashedTokens,
+        count: usize,
+    ) -> impl Future<Output = Result<Option<Drafted>, ServerError>> + Send;
+
+    /// Frees the session on the worker (end of the generation).
+    fn release(&mut self);
+
+    /// Times the session moved to another draft replica.
+    fn failovers(&self) -> u32;
+}
+
+/// The verifier side of a session.
+pub trait VerifierSide: Send {
+    /// Scores `block` after `context` (the committed tokens): `block.len() + 1` positions, the last the bonus one.
+    fn verify(
+        &mut self,
+        context: &HashedTokens,
+        block: &[DraftToken],
+    ) -> impl Future<Output = Result<Scored, ServerError>> + Send;
+
+    fn release(&mut self);
+
+    /// The replicas that served the session, in order.
+    fn replicas_used(&self) -> Vec<String>;
+
+    fn failovers(&self) -> u32;
+}
+
+/// The draft over gRPC: `Draft/Propose` on the pinned draft replica, streamed token by token.
+pub struct GrpcDraft {
+    pin: PinnedWorker,
+    sampling: pb::SamplingParams,
+    top_n: u32,
+}
+
+impl GrpcDraft {
+    pub fn new(pin: PinnedWorker, plan: &Plan) -> Self {
+        Self { pin, sampling: sampling_to_pb(&plan.sampling, plan.seed), top_n: plan.easd.top_n as u32 }
+    }
+}
+
+impl DraftSide for GrpcDraft {
+    async fn propose(&mut self, context: &HashedTokens, count: usize) -> Result<Option<Drafted>, ServerError> {
+        let (session_id, sampling, top_n) = (self.pin.session_id().to_owned(), self.sampling, self.top_n);
+        let timeout = self.pin.pool().config.call_timeout;
+        let result = self
+            .pin
+            .call(context, |replica, part| {
+                let req = pb::ProposeRequest {
+                    session_id: session_id.clone(),
+                    claim: part.claim,
+                    new_tokens: part.new_tokens,
+                    full_context: part.full_context,
+                    count: count as u32,
+                    sampling: Some(sampling),
+                    proposal_support: easd_core::DEFAULT_K_Q as u32,
+                    top_n,
+                };
+                // A client span whose context the draft continues.
+                let span = tracing::info_span!("draft.propose", otel.kind = "client", replica = %replica.url, count);
+                async move {
+                    let mut req = tonic::Request::new(req);
+                    req.set_timeout(timeout);
+                    easd_telemetry::inject_context(&mut req);
+                    let mut stream = replica.draft().propose(req).await?.into_inner();
+                    let mut tokens = Vec::with_capacity(count);
+                    while let Some(t) = stream.message().await? {
+                        tokens.push(t);
+                    }
+                    Ok(tokens)
+                }
+                .instrument(span)
+            })
+            .await?;
+        let Some(tokens) = result else { return Ok(None) };
+        if tokens.len() != count {
+            return Err(ServerError::Internal(format!("draft sent {} tokens, {count} asked", tokens.len())));
+        }
+        let forward_s = tokens.iter().map(|t| f64::from(t.forward_seconds)).sum();
+        let tokens: Vec<DraftToken> = tokens.into_iter().map(draft_token_from_pb).collect::<Result<_, _>>()?;
+        // The draft fed back every proposal but the last.
+        let fed: Vec<u32> = tokens[..count - 1].iter().map(|t| t.token).collect();
+        self.pin.now_holds(context, &fed);
+        Ok(Some(Drafted { tokens, forward_s }))
+    }
+
+    fn release(&mut self) {
+        self.pin.release();
+    }
+
+    fn failovers(&self) -> u32 {
+        self.pin.failovers()
+    }
+}
+
+/// The verifier over gRPC: `Verifier/Verify` on the pinned replica, failing over to another one.
+pub struct GrpcVerifier {
+    pin: PinnedWorker,
+    sampling: pb::SamplingParams,
+    top_n: u32,
+    penalty_alpha: f32,
+    logprobs: u32,
+}
+
+impl GrpcVerifier {
+    pub fn new(pin: PinnedWorker, plan: &Plan) -> Self {
+        Self {
+            pin,
+            sampling: sampling_to_pb(&plan.sampling, plan.seed),
+            top_n: plan.easd.top_n as u32,
+            penalty_alpha: penalty_to_alpha(plan.easd.penalty),
+            logprobs: plan.logprobs as u32,
+        }
+    }
+}
+
+impl VerifierSide for GrpcVerifier {
+    async fn verify(&mut self, context: &HashedTokens, block: &[DraftToken]) -> Result<Scored, ServerError> {
+        let session_id = self.pin.session_id().to_owned();
+        let timeout: Duration = self.pin.pool().config.call_timeout;
+        let drafted: Vec<pb::DraftedToken> = block
+            .iter()
+            .map(|d| pb::DraftedToken { token: d.token, proposal: Some(sparse_to_pb(&d.proposal)) })
+            .collect();
+        let (sampling, top_n, penalty_alpha, logprobs) = (self.sampling, self.top_n, self.penalty_alpha, self.logprobs);
+        let result = self
+            .pin
+            .call(context, |replica, part| {
+                let req = pb::VerifyRequest {
+                    session_id: session_id.clone(),
+                    claim: part.claim,
+                    new_tokens: part.new_tokens,
+                    full_context: part.full_context,
+                    block: drafted.clone(),
+                    sampling: Some(sampling),
+                    top_n,
+                    penalty_alpha,
+                    logprobs,
+                };
+                let span =
+                    tracing::info_span!("verify", otel.kind = "client", replica = %replica.url, block_len = block.len());
+                async move {
+                    let mut req = tonic::Request::new(req);
+                    req.set_timeout(timeout);
+                    easd_telemetry::inject_context(&mut req);
+                    Ok(replica.verifier().verify(req).await?.into_inner())
+                }
+                .instrument(span)
+            })
+            .await?;
+        let resp =
+            result.ok_or_else(|| ServerError::Unavailable("no verifier replica could serve the session".into()))?;
+        if resp.positions.len() != block.len() + 1 {
+            return Err(ServerError::Internal(format!(
+                "verifier sent {} positions for a block of {}",
+                resp.positions.len(),
+                block.len()
+            )));
+        }
+        let appended: Vec<u32> = block.iter().map(|d| d.token).collect();
+        self.pin.now_holds(context, &appended);
+        Ok(Scored {
+            positions: resp.positions.into_iter().map(target_position_from_pb).collect(),
+            forward_s: f64::from(resp.forward_seconds),
+        })
+    }
+
+    fn release(&mut self) {
+        self.pin.release();
+    }
+
+    fn replicas_used(&self) -> Vec<String> {
+        self.pin.replicas_used().to_vec()
+    }
+
+    fn failovers(&self) -> u32 {
+        self.pin.failovers()
+    }
+}
