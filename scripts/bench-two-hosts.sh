@@ -42,7 +42,7 @@ wait_healthy() {
 }
 
 # The two "hosts": one core and one thread each.
-one_thread=(env CANDLE_NUM_THREADS=1 RAYON_NUM_THREADS=1 OMP_NUM_THREADS=1 RUST_LOG=warn)
+one_thread=(env EASD_THREADS=1 CANDLE_NUM_THREADS=1 RAYON_NUM_THREADS=1 OMP_NUM_THREADS=1 RUST_LOG=warn)
 dp=$(port); vp=$(port)
 taskset -c 0 "${one_thread[@]}" "$bin/easd-draft" --listen "127.0.0.1:$dp" --model draft >"$log/draft.log" 2>&1 &
 pids+=($!)
