@@ -10,8 +10,10 @@
 //!   with an 8-bit scale; w = d·s·(q − 32).
 //!
 //! Repacked at load: a Q4_K block is held as `f16 d, f16 dmin, u8 scales[8], u8 mins[8], u8 qs[128]`
-//! (148 bytes) so the kernels do not unpack the 6-bit fields on every product. Every other format is
-//! held as stored.
+//! (148 bytes) so the kernels do not unpack the 6-bit fields on every product, and its weights are
+//! reordered so that one 64-byte load gives 128 consecutive weights: byte `64h + i` holds weight
+//! `128h + i` in its low nibble and `128h + 64 + i` in its high nibble (the file pairs weights 32
+//! apart). Every other format is held as stored.
 
 use crate::KernelError;
 
@@ -86,7 +88,14 @@ impl Format {
                 let packed = &block[4..16];
                 out.extend((0..8).map(|j| q4k_scale_min(packed, j).0));
                 out.extend((0..8).map(|j| q4k_scale_min(packed, j).1));
-                out.extend_from_slice(&block[16..144]);
+                let file_q = |e: usize| {
+                    let byte = block[16 + 32 * (e / 64) + e % 32];
+                    if e % 64 < 32 { byte & 0x0F } else { byte >> 4 }
+                };
+                out.extend((0..128).map(|k| {
+                    let e = 128 * (k / 64) + k % 64;
+                    file_q(e) | (file_q(e + 64) << 4)
+                }));
             }
             _ => out.extend_from_slice(block),
         }
@@ -156,9 +165,9 @@ pub(crate) fn q6k_value(block: &[u8], e: usize) -> u8 {
 /// The unsigned 4-bit value of weight `e` (0..256) of a held Q4_K block and its sub-block.
 #[inline(always)]
 pub(crate) fn q4k_value(block: &[u8], e: usize) -> (u8, usize) {
-    let (chunk, within) = (e / 64, e % 64);
-    let byte = block[Q4K_QS + 32 * chunk + within % 32];
-    (if within < 32 { byte & 0x0F } else { byte >> 4 }, e / 32)
+    let (half, within) = (e / 128, e % 128);
+    let byte = block[Q4K_QS + 64 * half + within % 64];
+    (if within < 64 { byte & 0x0F } else { byte >> 4 }, e / 32)
 }
 
 /// Dequantizes one held block into `out` (`format.block_len()` values).

@@ -295,16 +295,18 @@ unsafe fn q4k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
             let sc = &blk[4..12];
             let mins = q4k_mins(blk);
             let mut iacc = [_mm256_setzero_si256(); R];
-            for j in 0..4 {
-                let bits = load(blk.as_ptr().add(Q4K_QS + 32 * j));
-                let lo = _mm256_and_si256(bits, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                let s_lo = _mm256_set1_epi16(i16::from(sc[2 * j]));
-                let s_hi = _mm256_set1_epi16(i16::from(sc[2 * j + 1]));
+            for c in 0..4 {
+                // 32 bytes: sub-block `lo` in the low nibbles, `lo + 2` in the high ones (held layout).
+                let bits = load(blk.as_ptr().add(Q4K_QS + 32 * c));
+                let lo = 4 * (c / 2) + c % 2;
+                let w_lo = _mm256_and_si256(bits, m4);
+                let w_hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                let s_lo = _mm256_set1_epi16(i16::from(sc[lo]));
+                let s_hi = _mm256_set1_epi16(i16::from(sc[lo + 2]));
                 for r in 0..R {
-                    let ap = a[r].qs.as_ptr().add(256 * b + 64 * j);
-                    let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load_i8(ap)), s_lo);
-                    let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load_i8(ap.add(32))), s_hi);
+                    let ap = a[r].qs.as_ptr().add(256 * b);
+                    let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(w_lo, load_i8(ap.add(32 * lo))), s_lo);
+                    let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(w_hi, load_i8(ap.add(32 * lo + 64))), s_hi);
                     iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(p_lo, p_hi));
                 }
             }
@@ -388,47 +390,54 @@ unsafe fn hsum_i32_zmm(v: __m512i) -> i32 {
     unsafe { hsum_i32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))) }
 }
 
-/// Q4_K on 512-bit registers: each register holds one 64-weight chunk (low nibbles = sub-block
-/// 2j, high nibbles = 2j + 1), half the instructions per activation row of the AVX2 kernel.
-/// Same integer sums, same float operations.
+/// Q4_K on 512-bit registers: one 64-byte load gives 128 consecutive weights (held layout), each
+/// register one 64-weight run (sub-blocks 2k and 2k + 1) — a third of the AVX2 kernel's
+/// instructions per activation row. Same integer sums, same float operations.
 #[inline(always)]
 unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
     let nb = w.len() / Q4K_HELD_BYTES;
     let mut acc = [[0f32; LANES]; R];
+    let mut group = LaneGroup::new();
     // SAFETY: as `q4k`.
     unsafe {
-        let m4 = _mm256_set1_epi8(0x0F);
+        let m4 = _mm512_set1_epi8(0x0F);
         for b in 0..nb {
             let blk = &w[Q4K_HELD_BYTES * b..Q4K_HELD_BYTES * (b + 1)];
-            // Scales as i16 (lanes 0..8), then per chunk j: sixteen lanes of s_2j, sixteen of s_2j+1.
+            // Scales as i16 (lanes 0..8), then per run k: sixteen lanes of s_2k, sixteen of s_2k+1.
             let sc16 =
                 _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadl_epi64(blk.as_ptr().add(4) as *const __m128i)));
             let mins = q4k_mins(blk);
             let mut wv = [_mm512_setzero_si512(); 4];
             let mut sv = [_mm512_setzero_si512(); 4];
-            for j in 0..4 {
-                let bits = load(blk.as_ptr().add(Q4K_QS + 32 * j));
-                let lo = _mm256_and_si256(bits, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                wv[j] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+            for h in 0..2 {
+                let bits = _mm512_loadu_si512(blk.as_ptr().add(Q4K_QS + 64 * h) as *const __m512i);
+                wv[2 * h] = _mm512_and_si512(bits, m4);
+                wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m4);
+            }
+            for (k, s) in sv.iter_mut().enumerate() {
                 let pick = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_set1_epi16(2 * j as i16)),
-                    _mm256_set1_epi16(2 * j as i16 + 1),
+                    _mm512_castsi256_si512(_mm256_set1_epi16(2 * k as i16)),
+                    _mm256_set1_epi16(2 * k as i16 + 1),
                 );
-                sv[j] = _mm512_permutexvar_epi16(pick, sc16);
+                *s = _mm512_permutexvar_epi16(pick, sc16);
             }
             let (d, dmin) = f16_pair(blk.as_ptr());
             let mut iacc = [_mm512_setzero_si512(); R];
             let mut minsum = [_mm256_setzero_si256(); R];
             for r in 0..R {
                 let ap = a[r].qs.as_ptr().add(256 * b);
-                for j in 0..4 {
-                    let av = _mm512_loadu_si512(ap.add(64 * j) as *const __m512i);
-                    iacc[r] = _mm512_add_epi32(iacc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(wv[j], av), sv[j]));
+                for k in 0..4 {
+                    let av = _mm512_loadu_si512(ap.add(64 * k) as *const __m512i);
+                    iacc[r] = _mm512_add_epi32(iacc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(wv[k], av), sv[k]));
                 }
                 minsum[r] = _mm256_mullo_epi32(q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b)), mins);
             }
-            if R == 4 {
+            if R == 1 {
+                group.push(b, half_sum(iacc[0]), minsum[0], d, dmin);
+                if group.full() || b + 1 == nb {
+                    group.flush_q4k(a[0].scales);
+                }
+            } else if R == 4 {
                 // Four rows reduced together; the float steps run lane-wise, the same IEEE
                 // operations as `q4k_value` per row.
                 let isum = _mm_cvtepi32_ps(hsum4_zmm(&iacc));
@@ -450,8 +459,108 @@ unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                 }
             }
         }
+        if R == 1 {
+            acc[0] = group.lanes();
+        }
     }
     acc.map(|l| reduce_lanes(&l))
+}
+
+/// The 16 lanes of `v` folded to 8 (exact).
+#[inline(always)]
+unsafe fn half_sum(v: __m512i) -> __m256i {
+    // SAFETY: register-only intrinsics.
+    unsafe { _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)) }
+}
+
+/// One activation row's K-quant blocks, eight at a time: block b's integer sums wait in slot
+/// b % 8 until the group of eight is complete, then the group is reduced in one transpose and its
+/// float steps run lane-wise — block b's value lands in lane b % 8, as in the portable path.
+struct LaneGroup {
+    first: usize,
+    len: usize,
+    isum: [__m256i; 8],
+    summin: [__m256i; 8],
+    d: [f32; 8],
+    dmin: [f32; 8],
+    acc: [f32; LANES],
+}
+
+impl LaneGroup {
+    #[inline(always)]
+    fn new() -> Self {
+        // SAFETY: zeroed vectors need no features.
+        let zero = unsafe { _mm256_setzero_si256() };
+        Self { first: 0, len: 0, isum: [zero; 8], summin: [zero; 8], d: [0.0; 8], dmin: [0.0; 8], acc: [0.0; LANES] }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, b: usize, isum: __m256i, summin: __m256i, d: f32, dmin: f32) {
+        if self.len == 0 {
+            self.first = b;
+        }
+        let slot = b % LANES;
+        debug_assert_eq!(slot, self.len, "groups start at multiples of eight");
+        (self.isum[slot], self.summin[slot], self.d[slot], self.dmin[slot]) = (isum, summin, d, dmin);
+        self.len += 1;
+    }
+
+    #[inline(always)]
+    fn full(&self) -> bool {
+        self.len == LANES
+    }
+
+    /// Reduces the pending Q4_K blocks and adds `(da·d)·isum − (da·dmin)·summin` to their lanes.
+    #[inline(always)]
+    unsafe fn flush_q4k(&mut self, scales: &[f32]) {
+        // SAFETY: register and in-bounds masked memory intrinsics; AVX-512 F/VL are the caller's.
+        unsafe {
+            let mask = self.mask();
+            let isum = _mm256_cvtepi32_ps(hsum8(&self.isum));
+            let summin = _mm256_cvtepi32_ps(hsum8(&self.summin));
+            let da = _mm256_maskz_loadu_ps(mask, scales.as_ptr().add(self.first));
+            let d = _mm256_loadu_ps(self.d.as_ptr());
+            let dmin = _mm256_loadu_ps(self.dmin.as_ptr());
+            let v = _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_mul_ps(da, d), isum),
+                _mm256_mul_ps(_mm256_mul_ps(da, dmin), summin),
+            );
+            self.add(mask, v);
+        }
+    }
+
+    /// Reduces the pending Q6_K blocks and adds `(da·d)·isum` to their lanes.
+    #[inline(always)]
+    unsafe fn flush_q6k(&mut self, scales: &[f32]) {
+        // SAFETY: as `flush_q4k`.
+        unsafe {
+            let mask = self.mask();
+            let isum = _mm256_cvtepi32_ps(hsum8(&self.isum));
+            let da = _mm256_maskz_loadu_ps(mask, scales.as_ptr().add(self.first));
+            let d = _mm256_loadu_ps(self.d.as_ptr());
+            self.add(mask, _mm256_mul_ps(_mm256_mul_ps(da, d), isum));
+        }
+    }
+
+    #[inline(always)]
+    fn mask(&self) -> __mmask8 {
+        ((1u16 << self.len) - 1) as __mmask8
+    }
+
+    /// Adds `v` to the lanes of the pending blocks only (the others keep their sums untouched).
+    #[inline(always)]
+    unsafe fn add(&mut self, mask: __mmask8, v: __m256) {
+        // SAFETY: register-only intrinsics and an 8-float store into `acc`.
+        unsafe {
+            let acc = _mm256_loadu_ps(self.acc.as_ptr());
+            _mm256_storeu_ps(self.acc.as_mut_ptr(), _mm256_mask_add_ps(acc, mask, acc, v));
+        }
+        self.len = 0;
+    }
+
+    fn lanes(&self) -> [f32; LANES] {
+        self.acc
+    }
 }
 
 /// Lane sums of four 16-lane vectors, as the four lanes of the result (exact).
@@ -490,16 +599,28 @@ unsafe fn hsum_pair(x: __m512i, y: __m256i) -> (i32, i32) {
     }
 }
 
+/// The two high bits of each byte's weight, from `qh` shifted by `shifts` (per 16-bit lane), in
+/// place as bits 4..6.
+#[inline(always)]
+unsafe fn q6k_high(qh: __m512i, shifts: __m512i, m3: __m512i) -> __m512i {
+    // SAFETY: register-only intrinsics.
+    unsafe { _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, shifts), m3)) }
+}
+
 /// Q6_K on 512-bit registers: one register per 64 consecutive weights (four groups of 16), and
 /// the −32 offset folded into the integer accumulator.
 #[inline(always)]
 unsafe fn q6k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
     let nb = w.len() / 210;
     let mut acc = [[0f32; LANES]; R];
+    let mut group = LaneGroup::new();
     // SAFETY: as `q6k`.
     unsafe {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m3 = _mm256_set1_epi8(0x03);
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m3 = _mm512_set1_epi8(0x03);
+        // Per-half shift counts: the low 256 bits take one pair of `qh` bits, the high 256 the next.
+        let shift_0_2 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
+        let shift_4_6 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
         for b in 0..nb {
             let blk = &w[210 * b..210 * b + 210];
             let sc_bytes = _mm_loadu_si128(blk.as_ptr().add(192) as *const __m128i);
@@ -546,21 +667,17 @@ unsafe fn q6k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                 );
                 *s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc_both, pick));
             }
+            // The file's layout already suits 512-bit registers: 64 bytes of `ql` hold the low four bits
+            // of 128 consecutive weights (low nibble: weight i, high nibble: i + 64), and 32 bytes of `qh`
+            // their high two bits (bits 2q..2q+2 of byte i: weight 32q + i) — broadcast to both halves
+            // of a register and shifted per half.
             let mut wv = [_mm512_setzero_si512(); 4];
             for half in 0..2 {
-                let ql0 = load(blk.as_ptr().add(64 * half));
-                let ql1 = load(blk.as_ptr().add(64 * half + 32));
-                let qh = load(blk.as_ptr().add(128 + 32 * half));
-                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3));
-                let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3));
-                let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3));
-                let h3 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3));
-                let u0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), h0);
-                let u1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), h1);
-                let u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), h2);
-                let u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), h3);
-                wv[2 * half] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u0), u1);
-                wv[2 * half + 1] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u2), u3);
+                let ql = _mm512_loadu_si512(blk.as_ptr().add(64 * half) as *const __m512i);
+                let qh = _mm512_broadcast_i64x4(load(blk.as_ptr().add(128 + 32 * half)));
+                wv[2 * half] = _mm512_or_si512(_mm512_and_si512(ql, m4), q6k_high(qh, shift_0_2, m3));
+                wv[2 * half + 1] =
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4), q6k_high(qh, shift_4_6, m3));
             }
             let d = f16_pair(blk.as_ptr().add(206)).1; // bytes 206..210: the last two are d
             let mut iacc = [_mm512_setzero_si512(); R];
@@ -573,7 +690,12 @@ unsafe fn q6k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                     iacc[r] = _mm512_add_epi32(iacc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(wv[i], av), sv[i]));
                 }
             }
-            if R == 4 {
+            if R == 1 {
+                group.push(b, half_sum(iacc[0]), _mm256_setzero_si256(), d, 0.0);
+                if group.full() || b + 1 == nb {
+                    group.flush_q6k(a[0].scales);
+                }
+            } else if R == 4 {
                 // As in `q4k_zmm`: lane-wise, the same operations as `q6k_value`.
                 let isum = _mm_cvtepi32_ps(hsum4_zmm(&iacc));
                 let da = _mm_setr_ps(a[0].scales[b], a[1 % R].scales[b], a[2 % R].scales[b], a[3 % R].scales[b]);
@@ -587,6 +709,9 @@ unsafe fn q6k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
                     acc[r][b % LANES] += q6k_value(a[r].scales[b], d, hsum_i32_zmm(iacc[r]));
                 }
             }
+        }
+        if R == 1 {
+            acc[0] = group.lanes();
         }
     }
     acc.map(|l| reduce_lanes(&l))

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use easd_model::{LoadOptions, TinySpec, write_tiny_gguf};
 use easd_openai::HttpConfig;
-use easd_server::local::{LocalOptions, LocalStack};
+use easd_server::local::{LocalOptions, LocalStack, PairLoadOptions};
 
 struct Args {
     port: u16,
@@ -56,7 +56,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => return Err("--draft-model and --target-model go together".into()),
     };
-    let stack = LocalStack::start_from_files(&draft, &target, &load, LocalOptions::default()).await?;
+    let stack =
+        LocalStack::start_from_files(&draft, &target, &PairLoadOptions::both(load), LocalOptions::default()).await?;
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await?;
     println!("listening on http://{}", listener.local_addr()?);

@@ -51,6 +51,21 @@ impl Default for LocalOptions {
     }
 }
 
+/// How each model of the pair is loaded: the draft and the target may sit on different devices (e.g. the draft on
+/// `cuda:0` and the target on `cuda:1`, or the draft on the CPU beside a GPU target).
+#[derive(Clone, Debug, Default)]
+pub struct PairLoadOptions {
+    pub draft: LoadOptions,
+    pub target: LoadOptions,
+}
+
+impl PairLoadOptions {
+    /// Both models loaded the same way.
+    pub fn both(load: LoadOptions) -> Self {
+        Self { draft: load.clone(), target: load }
+    }
+}
+
 pub struct LocalStack {
     pub coordinator: Arc<Coordinator>,
     pub coordinator_url: String,
@@ -150,11 +165,11 @@ impl LocalStack {
     pub async fn start_from_files(
         draft_path: &Path,
         target_path: &Path,
-        load: &LoadOptions,
+        load: &PairLoadOptions,
         opts: LocalOptions,
     ) -> Result<Self, ServerError> {
-        let draft = load_model(draft_path, load).await?;
-        let target = load_model(target_path, load).await?;
+        let draft = load_model(draft_path, &load.draft).await?;
+        let target = load_model(target_path, &load.target).await?;
         let tokenizer = Arc::new(Tokenizer::from_gguf_file(target_path)?);
         Self::start(draft, target, tokenizer, opts).await
     }

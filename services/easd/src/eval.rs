@@ -9,11 +9,11 @@ use easd_eval::{
     EasdOrder, EasdSettings, EvalConfig, Mode, ModelScorer, ReportContext, Sampling, SweepConfig, run_calibration,
     run_eval, run_sweep, write_report, write_sweep_report,
 };
-use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
+use easd_model::{default_models_dir, resolve_model};
 use easd_server::local::LocalOptions;
 
 use crate::ask::{EasdArgs, OrderArg};
-use crate::stack::LocalArgs;
+use crate::stack::{DeviceArgs, LocalArgs};
 
 const DEFAULT_DATASET: &str = "../shared/data/gsm8k/train.jsonl";
 
@@ -264,17 +264,17 @@ pub struct CalibrateArgs {
     pub target_model: String,
     #[arg(long)]
     pub models_dir: Option<PathBuf>,
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[command(flatten)]
+    pub devices: DeviceArgs,
 }
 
 pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
     let dir = args.models_dir.clone().unwrap_or_else(default_models_dir);
-    let load = LoadOptions { device: parse_device(&args.device)?, ..LoadOptions::default() };
+    let load = args.devices.load_options(false)?;
     let draft_path = resolve_model(&args.draft_model, &dir, true)?;
     let target_path = resolve_model(&args.target_model, &dir, true)?;
-    let draft = ModelScorer::load(&draft_path, &load).context("loading the draft")?;
-    let target = ModelScorer::load(&target_path, &load).context("loading the target")?;
+    let draft = ModelScorer::load(&draft_path, &load.draft).context("loading the draft")?;
+    let target = ModelScorer::load(&target_path, &load.target).context("loading the target")?;
     let mut config = CalibrationConfig::new(&args.dataset);
     config.questions = args.questions;
     config.percentile = args.percentile;

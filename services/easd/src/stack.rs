@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
-use easd_server::local::{LocalOptions, LocalStack};
+use easd_server::local::{LocalOptions, LocalStack, PairLoadOptions};
 
 /// Which models to run locally and how.
 #[derive(clap::Args, Clone, Debug)]
@@ -18,9 +18,8 @@ pub struct LocalArgs {
     /// Where the default models live [default: $EASD_MODELS_DIR or the user cache directory].
     #[arg(long)]
     pub models_dir: Option<PathBuf>,
-    /// cpu | cuda | cuda:N
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[command(flatten)]
+    pub devices: DeviceArgs,
     /// Also convert Q5_0 tensors to Q8_0 at load (more memory; formats without a CPU kernel are always converted).
     #[arg(long)]
     pub requantize: bool,
@@ -40,10 +39,38 @@ impl LocalArgs {
         let draft = resolve_model(&self.draft_model, &dir, true).context("resolving the draft model")?;
         let target = resolve_model(&self.target_model, &dir, true).context("resolving the target model")?;
         easd_model::set_threads(self.threads)?;
-        let load =
-            LoadOptions { device: parse_device(&self.device)?, requantize: self.requantize, ..LoadOptions::default() };
+        let load = self.devices.load_options(self.requantize)?;
         eprintln!("loading {} and {} …", draft.display(), target.display());
         let opts = LocalOptions { verifier_replicas: self.verifiers, ..opts };
         LocalStack::start_from_files(&draft, &target, &load, opts).await.context("starting the local stack")
+    }
+}
+
+/// Where each model of the pair runs.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Device of both models: cpu | cuda | cuda:N (cuda needs a build with the `cuda` feature).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Device of the draft model alone [default: --device].
+    #[arg(long)]
+    pub draft_device: Option<String>,
+    /// Device of the target model (every verifier replica) [default: --device].
+    #[arg(long)]
+    pub target_device: Option<String>,
+}
+
+impl DeviceArgs {
+    /// Each model's load options, with its own device.
+    pub fn load_options(&self, requantize: bool) -> anyhow::Result<PairLoadOptions> {
+        let device = |own: &Option<String>, which: &str| {
+            let name = own.as_deref().unwrap_or(&self.device);
+            parse_device(name).with_context(|| format!("the {which} model's device"))
+        };
+        let load = |device| LoadOptions { device, requantize, ..LoadOptions::default() };
+        Ok(PairLoadOptions {
+            draft: load(device(&self.draft_device, "draft")?),
+            target: load(device(&self.target_device, "target")?),
+        })
     }
 }
