@@ -113,7 +113,10 @@ impl fmt::Display for HubFile {
 /// Not empty, not `.`/`..`, no whitespace, control characters, `\`, `?` or `#` (which would
 /// change the request URL or the cache path).
 fn plain_segment(s: &str) -> bool {
-    !s.is_empty() && s != "." && s != ".." && !s.chars().any(|c| c.is_whitespace() || c.is_control() || "\\?#".contains(c))
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && !s.chars().any(|c| c.is_whitespace() || c.is_control() || "\\?#".contains(c))
 }
 
 /// Where the hub is and where its files are cached.

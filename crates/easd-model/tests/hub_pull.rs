@@ -204,7 +204,10 @@ fn a_hub_file_arrives_byte_identical_verified_loads_and_comes_from_the_cache_nex
     let model = Model::load(&fetched.path, &LoadOptions::default()).unwrap();
     let tiny = TinySpec::qwen2(7);
     let info = model.info();
-    assert_eq!((&info.architecture, info.n_layers, info.hidden_size), (&tiny.architecture, tiny.n_layers, tiny.hidden_size));
+    assert_eq!(
+        (&info.architecture, info.n_layers, info.hidden_size),
+        (&tiny.architecture, tiny.n_layers, tiny.hidden_size)
+    );
     assert_eq!(info.file_bytes, bytes.len() as u64);
 
     let seen = mock.seen();
@@ -254,8 +257,7 @@ fn a_file_without_a_published_sha256_is_reported_unverified() {
     let plain = Served { repo: "acme/plain", file: "models/tiny.gguf", body: bytes.clone(), lfs_sha256: None };
     let mock = MockHub::start(vec![plain]);
     let cache = tempfile::tempdir().unwrap();
-    let fetched =
-        hub::fetch(&spec("hf:acme/plain/models/tiny.gguf"), &mock.sources(cache.path()).hub, false).unwrap();
+    let fetched = hub::fetch(&spec("hf:acme/plain/models/tiny.gguf"), &mock.sources(cache.path()).hub, false).unwrap();
     assert_eq!(fetched.verification, Verification::NotPublished);
     assert_eq!(fs::read(&fetched.path).unwrap(), bytes);
 }
@@ -290,7 +292,8 @@ fn an_interrupted_download_resumes_from_its_part_file_and_is_still_verified() {
     let fetched = hub::fetch(&spec("hf:acme/tiny-GGUF/tiny.gguf"), &mock.sources(cache.path()).hub, false).unwrap();
     assert_eq!(fetched.verification, Verification::Sha256(sha));
     assert_eq!(fs::read(&fetched.path).unwrap(), bytes);
-    let ranges: Vec<Option<String>> = mock.seen().into_iter().filter(|s| s.path.contains("/resolve/")).map(|s| s.range).collect();
+    let ranges: Vec<Option<String>> =
+        mock.seen().into_iter().filter(|s| s.path.contains("/resolve/")).map(|s| s.range).collect();
     assert!(ranges.contains(&Some(format!("bytes={half}-"))), "{ranges:?}");
 }
 

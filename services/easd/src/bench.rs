@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use easd_model::{
-    ChatMessage, LoadOptions, Model, block_agreement, ModelSources, greedy_generate, parse_device, resolve_model,
+    ChatMessage, LoadOptions, Model, ModelSources, block_agreement, greedy_generate, parse_device, resolve_model,
 };
 use std::path::PathBuf;
 use std::time::Instant;

@@ -134,3 +134,41 @@ fn list_models(dir: DirArg) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: ModelsCommand,
+    }
+
+    fn pull_args(args: &[&str]) -> Result<PullArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["models", "pull"].iter().chain(args))?;
+        let ModelsCommand::Pull(args) = cli.cmd else { panic!("not pull") };
+        Ok(args)
+    }
+
+    #[test]
+    fn pull_takes_a_hub_file_or_the_default_pair_not_both() {
+        Cli::command().debug_assert();
+        let a = pull_args(&["--repo", "acme/m-GGUF", "--file", "m.gguf", "--revision", "v1"]).unwrap();
+        assert_eq!(
+            (a.repo.as_deref(), a.file.as_deref(), a.revision.as_deref()),
+            (Some("acme/m-GGUF"), Some("m.gguf"), Some("v1"))
+        );
+        assert!(pull_args(&["--only", "draft"]).unwrap().repo.is_none());
+        for wrong in [
+            &["--repo", "acme/m"][..],
+            &["--file", "m.gguf"],
+            &["--revision", "v1"],
+            &["--repo", "acme/m", "--file", "m.gguf", "--only", "draft"],
+            &["--repo", "acme/m", "--file", "m.gguf", "--dir", "/tmp"],
+        ] {
+            assert!(pull_args(wrong).is_err(), "{wrong:?} was accepted");
+        }
+    }
+}

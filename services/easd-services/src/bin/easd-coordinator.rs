@@ -92,8 +92,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let options = args.tls.options(args.api_token.clone())?;
     let defaults = args.defaults.resolve()?;
     let metrics = args.metrics.bind().await?;
-    let path =
-        resolve_model(&args.tokenizer, &ModelSources::from_env(None), false).context("resolving the tokenizer model")?;
+    let path = resolve_model(&args.tokenizer, &ModelSources::from_env(None), false)
+        .context("resolving the tokenizer model")?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf_file(&path).with_context(|| format!("reading the tokenizer of {}", path.display()))?,
     );
