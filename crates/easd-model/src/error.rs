@@ -55,6 +55,15 @@ pub enum Error {
     ChatTemplate(#[from] minijinja::Error),
     #[error("model `{model}`: {reason}")]
     Pull { model: String, reason: String },
+    #[error("model `{spec}`: {reason}")]
+    InvalidModelSpec { spec: String, reason: String },
+    #[error("model `{spec}`: {context}: {source}")]
+    Hub {
+        spec: String,
+        context: String,
+        #[source]
+        source: Box<hf_hub::api::sync::ApiError>,
+    },
     #[error("checksum mismatch for {}: expected sha256 {expected}, got {actual}", path.display())]
     Checksum { path: PathBuf, expected: String, actual: String },
     #[error(transparent)]

@@ -8,7 +8,8 @@
 //! * [`Tokenizer`] comes from the same GGUF metadata: byte-level BPE, the chat template
 //!   (rendered with minijinja), stop tokens and a fingerprint two services compare.
 //! * [`tiny`] writes small random models of the same format for tests; [`pull`] fetches the
-//!   default draft/target pair.
+//!   default draft/target pair, [`hub`] GGUF files of hub repositories (`hf:OWNER/NAME/FILE`),
+//!   and [`resolve_model`] turns any model name into a local file.
 //!
 //! Numerics: on the CPU the projections and attention run on `easd-kernels`, which are
 //! batch-invariant — a position's logits are bitwise identical whether it is computed alone, in
@@ -19,12 +20,14 @@ mod config;
 mod error;
 mod generate;
 mod gguf;
+pub mod hub;
 mod kv_cache;
 mod layers;
 mod load;
 mod logits;
 mod model;
 pub mod pull;
+mod resolve;
 mod rope;
 pub mod tiny;
 mod tokenizer;
@@ -33,11 +36,13 @@ pub use candle_core::Device;
 pub use config::Architecture;
 pub use error::{Error, Result};
 pub use generate::{BlockAgreement, block_agreement, greedy_generate};
+pub use hub::{HubFile, HubSettings};
 pub use kv_cache::KvCache;
 pub use load::LoadStats;
 pub use logits::Logits;
 pub use model::{LoadOptions, Model, ModelInfo};
-pub use pull::{DefaultModel, ModelStatus, default_models_dir, list, pull, resolve_model};
+pub use pull::{DefaultModel, ModelStatus, default_models_dir, list, pull};
+pub use resolve::{ModelSources, ModelSpec, resolve_model};
 pub use tiny::{TinySpec, write_tiny_gguf};
 pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
 

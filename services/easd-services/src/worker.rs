@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
+use easd_model::{LoadOptions, ModelSources, parse_device, resolve_model};
 use easd_server::{SessionLimits, Worker, local::load_model, serve};
 
 use crate::{MetricsArgs, ServerTlsArgs, shutdown_signal};
@@ -48,7 +48,7 @@ pub async fn run_worker(role: Role, listen: SocketAddr, model: &str, args: Worke
     };
     let options = args.tls.options(None)?;
     let metrics = args.metrics.bind().await?;
-    let path = resolve_model(model, &default_models_dir(), false).context("resolving the model")?;
+    let path = resolve_model(model, &ModelSources::from_env(None), false).context("resolving the model")?;
     easd_model::set_threads(args.threads)?;
     let load =
         LoadOptions { device: parse_device(&args.device)?, requantize: args.requantize, ..LoadOptions::default() };

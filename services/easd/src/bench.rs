@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use easd_model::{
-    ChatMessage, LoadOptions, Model, block_agreement, default_models_dir, greedy_generate, parse_device, resolve_model,
+    ChatMessage, LoadOptions, Model, ModelSources, block_agreement, greedy_generate, parse_device, resolve_model,
 };
 use std::path::PathBuf;
 use std::time::Instant;
@@ -19,7 +19,7 @@ pub enum BenchCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct ModelSource {
-    /// A GGUF file, or `draft` / `target` for the default models.
+    /// A GGUF file, `hf:OWNER/NAME/FILE.gguf[@REVISION]`, or `draft` / `target` for the default models.
     #[arg(long, default_value = "target")]
     pub model: String,
     /// Models folder for `draft` / `target` [default: $EASD_MODELS_DIR or <cache dir>/easd/models].
@@ -38,8 +38,7 @@ pub struct ModelSource {
 
 impl ModelSource {
     fn load(&self) -> anyhow::Result<(Model, f64)> {
-        let dir = self.dir.clone().unwrap_or_else(default_models_dir);
-        let path = resolve_model(&self.model, &dir, false)?;
+        let path = resolve_model(&self.model, &ModelSources::from_env(self.dir.clone()), false)?;
         easd_model::set_threads(self.threads)?;
         let opts = LoadOptions { device: parse_device(&self.device)?, requantize: self.requantize, warmup: true };
         let t = Instant::now();

@@ -9,7 +9,7 @@ use easd_eval::{
     EasdOrder, EasdSettings, EvalConfig, Mode, ModelScorer, ReportContext, Sampling, SweepConfig, run_calibration,
     run_eval, run_sweep, write_report, write_sweep_report,
 };
-use easd_model::{default_models_dir, resolve_model};
+use easd_model::{ModelSources, resolve_model};
 use easd_server::local::LocalOptions;
 
 use crate::ask::{EasdArgs, OrderArg};
@@ -269,10 +269,10 @@ pub struct CalibrateArgs {
 }
 
 pub fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
-    let dir = args.models_dir.clone().unwrap_or_else(default_models_dir);
+    let sources = ModelSources::from_env(args.models_dir.clone());
     let load = args.devices.load_options(false)?;
-    let draft_path = resolve_model(&args.draft_model, &dir, true)?;
-    let target_path = resolve_model(&args.target_model, &dir, true)?;
+    let draft_path = resolve_model(&args.draft_model, &sources, true)?;
+    let target_path = resolve_model(&args.target_model, &sources, true)?;
     let draft = ModelScorer::load(&draft_path, &load.draft).context("loading the draft")?;
     let target = ModelScorer::load(&target_path, &load.target).context("loading the target")?;
     let mut config = CalibrationConfig::new(&args.dataset);

@@ -35,7 +35,7 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Sweep EASD's τ percentile, ρ and N on a development slice.
     Sweep(eval::SweepArgs),
-    /// Fetch or list the default draft/target models.
+    /// Fetch or list the default draft/target models; fetch a GGUF file of a hub repository.
     #[command(subcommand)]
     Models(models::ModelsCommand),
     /// Print the token ids of a text as a JSON list.

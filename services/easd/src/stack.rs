@@ -3,16 +3,18 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
+use easd_model::{LoadOptions, ModelSources, parse_device, resolve_model};
 use easd_server::local::{LocalOptions, LocalStack, PairLoadOptions};
 
 /// Which models to run locally and how.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LocalArgs {
-    /// Draft model: a GGUF path, or "draft" for the default (pulled on first use).
+    /// Draft model: a GGUF path, `hf:OWNER/NAME/FILE.gguf[@REVISION]` (from the hub cache, or
+    /// downloaded and verified), or "draft" for the default (pulled on first use).
     #[arg(long, default_value = "draft")]
     pub draft_model: String,
-    /// Target model: a GGUF path, or "target" for the default (pulled on first use).
+    /// Target model: a GGUF path, `hf:OWNER/NAME/FILE.gguf[@REVISION]`, or "target" for the
+    /// default (pulled on first use).
     #[arg(long, default_value = "target")]
     pub target_model: String,
     /// Where the default models live [default: $EASD_MODELS_DIR or the user cache directory].
@@ -35,9 +37,9 @@ pub struct LocalArgs {
 impl LocalArgs {
     /// Resolves (pulling the default pair if missing), loads and starts draft, verifier(s) and coordinator.
     pub async fn start(&self, opts: LocalOptions) -> anyhow::Result<LocalStack> {
-        let dir = self.models_dir.clone().unwrap_or_else(default_models_dir);
-        let draft = resolve_model(&self.draft_model, &dir, true).context("resolving the draft model")?;
-        let target = resolve_model(&self.target_model, &dir, true).context("resolving the target model")?;
+        let sources = ModelSources::from_env(self.models_dir.clone());
+        let draft = resolve_model(&self.draft_model, &sources, true).context("resolving the draft model")?;
+        let target = resolve_model(&self.target_model, &sources, true).context("resolving the target model")?;
         easd_model::set_threads(self.threads)?;
         let load = self.devices.load_options(self.requantize)?;
         eprintln!("loading {} and {} …", draft.display(), target.display());

@@ -1,12 +1,12 @@
 //! `easd tokenize`: token ids of a text, as the model's tokenizer sees it.
 
 use anyhow::Context;
-use easd_model::{ChatMessage, Tokenizer, default_models_dir, resolve_model};
+use easd_model::{ChatMessage, ModelSources, Tokenizer, resolve_model};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct TokenizeArgs {
-    /// A GGUF file, or `draft` / `target` for the default models.
+    /// A GGUF file, `hf:OWNER/NAME/FILE.gguf[@REVISION]`, or `draft` / `target` for the default models.
     #[arg(long)]
     pub model: String,
     /// Models folder for `draft` / `target` [default: $EASD_MODELS_DIR or <cache dir>/easd/models].
@@ -20,8 +20,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
-    let dir = args.dir.unwrap_or_else(default_models_dir);
-    let path = resolve_model(&args.model, &dir, false)?;
+    let path = resolve_model(&args.model, &ModelSources::from_env(args.dir), false)?;
     let tokenizer =
         Tokenizer::from_gguf_file(&path).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     let text =

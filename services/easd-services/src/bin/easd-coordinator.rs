@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use easd_model::{Tokenizer, default_models_dir, resolve_model};
+use easd_model::{ModelSources, Tokenizer, resolve_model};
 use easd_server::coordinator::pool::PoolConfig;
 use easd_server::coordinator::retry::Backoff;
 use easd_server::{Coordinator, CoordinatorConfig, serve::serve_coordinator};
@@ -34,7 +34,8 @@ struct Args {
     /// host:port re-resolved periodically for verifier replicas (e.g. a Kubernetes headless service).
     #[arg(long, env = "EASD_VERIFIER_DNS", conflicts_with = "verifiers")]
     verifier_dns: Option<String>,
-    /// GGUF file whose tokenizer and chat template the coordinator uses (the target's): path or "target".
+    /// GGUF file whose tokenizer and chat template the coordinator uses (the target's): path,
+    /// `hf:OWNER/NAME/FILE.gguf[@REVISION]` or "target".
     #[arg(long, default_value = "target", env = "EASD_TOKENIZER")]
     tokenizer: String,
     /// Deadline of each call to a worker, in seconds.
@@ -91,7 +92,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let options = args.tls.options(args.api_token.clone())?;
     let defaults = args.defaults.resolve()?;
     let metrics = args.metrics.bind().await?;
-    let path = resolve_model(&args.tokenizer, &default_models_dir(), false).context("resolving the tokenizer model")?;
+    let path = resolve_model(&args.tokenizer, &ModelSources::from_env(None), false)
+        .context("resolving the tokenizer model")?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf_file(&path).with_context(|| format!("reading the tokenizer of {}", path.display()))?,
     );

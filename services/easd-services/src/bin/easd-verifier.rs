@@ -12,7 +12,8 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:50052", env = "EASD_LISTEN")]
     listen: SocketAddr,
-    /// GGUF path, or "draft" / "target" for the default pair.
+    /// GGUF path, `hf:OWNER/NAME/FILE.gguf[@REVISION]` (hub cache, else downloaded and verified;
+    /// `HF_ENDPOINT`, `HF_HOME`, `HF_TOKEN` apply), or "draft" / "target" for the default pair.
     #[arg(long, default_value = "target", env = "EASD_MODEL")]
     model: String,
     #[command(flatten)]
