@@ -36,7 +36,7 @@ pub use generate::{BlockAgreement, block_agreement, greedy_generate};
 pub use kv_cache::KvCache;
 pub use load::LoadStats;
 pub use logits::Logits;
-pub use model::{LoadOptions, Model, ModelInfo};
+pub use model::{BatchItem, LoadOptions, Model, ModelInfo};
 pub use pull::{DefaultModel, ModelStatus, default_models_dir, list, pull, resolve_model};
 pub use tiny::{TinySpec, write_tiny_gguf};
 pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
