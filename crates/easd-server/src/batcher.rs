@@ -289,9 +289,7 @@ impl ModelThread {
         let now = Instant::now();
         self.recent.retain(|_, seen| now.duration_since(*seen) < ACTIVE_HORIZON);
         let Some(worker) = self.worker.upgrade() else { return false };
-        self.recent
-            .keys()
-            .any(|id| !self.pending.iter().any(|t| &t.session_id == id) && worker.sessions.contains(id))
+        self.recent.keys().any(|id| !self.pending.iter().any(|t| &t.session_id == id) && worker.sessions.contains(id))
     }
 
     /// Admits pending jobs in arrival order while the rows fit: locks each one's session and starts it.

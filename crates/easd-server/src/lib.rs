@@ -18,8 +18,8 @@ pub mod tls;
 pub mod verifier;
 pub mod worker;
 
-pub use coordinator::{Coordinator, CoordinatorConfig};
 pub use batcher::BatchOptions;
+pub use coordinator::{Coordinator, CoordinatorConfig};
 pub use error::ServerError;
 pub use sessions::SessionLimits;
 pub use worker::Worker;

@@ -99,7 +99,10 @@ impl SessionTable {
     ) -> Result<SharedSession, ServerError> {
         let mut entries = self.entries.lock().expect("session table poisoned");
         if full_context {
-            let session = Arc::new(tokio::sync::Mutex::new(WorkerSession { cache: new_cache(), tokens: HashedTokens::default() }));
+            let session = Arc::new(tokio::sync::Mutex::new(WorkerSession {
+                cache: new_cache(),
+                tokens: HashedTokens::default(),
+            }));
             entries.insert(id.to_owned(), Entry { session: session.clone(), last_used: Instant::now(), bytes: 0 });
             return Ok(session);
         }

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use easd_core::{MAX_BLOCK_SIZE, TargetOptions, score_position};
-use easd_proto::v1::{self as pb, verifier_server::Verifier};
 use easd_model::Logits;
+use easd_proto::v1::{self as pb, verifier_server::Verifier};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::convert::{penalty_from_alpha, sampling_from_pb, sparse_from_pb, target_position_to_pb};
 use crate::batcher::{Job, Round, Ticket};
+use crate::convert::{penalty_from_alpha, sampling_from_pb, sparse_from_pb, target_position_to_pb};
 use crate::error::ServerError;
 use crate::sessions::{Claim, WorkerSession};
 use crate::worker::{Worker, blocking};
@@ -81,7 +81,8 @@ impl Verifier for VerifierService {
         feed.extend(block.iter().map(|(t, _)| *t));
         let (reply, scored) = oneshot::channel();
         // Row n-1 predicts the first block position; the last row is the bonus position: the block's rows + 1.
-        let job = VerifyJob { session_id: req.session_id.clone(), claim, feed, rows: block.len() + 1, reply: Some(reply) };
+        let job =
+            VerifyJob { session_id: req.session_id.clone(), claim, feed, rows: block.len() + 1, reply: Some(reply) };
         self.worker.submit(Ticket::new(session, &req.session_id, job.feed.len(), Box::new(job))).await?;
         let scored = scored.await.map_err(|_| ServerError::Unavailable("the worker stopped".into()))??;
         let first_position = (scored.start + req.new_tokens.len()) as u64;
@@ -89,14 +90,8 @@ impl Verifier for VerifierService {
             let positions = (0..=block.len())
                 .map(|j| {
                     let drafted = block.get(j).map(|(t, q)| (*t, q));
-                    let p = score_position(
-                        scored.logits.row(j),
-                        &params,
-                        &opts,
-                        drafted,
-                        seed,
-                        first_position + j as u64,
-                    );
+                    let p =
+                        score_position(scored.logits.row(j), &params, &opts, drafted, seed, first_position + j as u64);
                     target_position_to_pb(&p)
                 })
                 .collect();

@@ -70,10 +70,8 @@ async fn eight_concurrent_sessions_get_the_tokens_each_gets_alone() {
         assert_eq!(forwards, sessions, "{}: one session at a time, one session per forward", w.role);
     }
 
-    let tasks: Vec<_> = requests
-        .iter()
-        .map(|req| tokio::spawn(generate_owned(stack.coordinator_url.clone(), req.clone())))
-        .collect();
+    let tasks: Vec<_> =
+        requests.iter().map(|req| tokio::spawn(generate_owned(stack.coordinator_url.clone(), req.clone()))).collect();
     for (i, task) in tasks.into_iter().enumerate() {
         let together = task.await.unwrap();
         assert!(!together.is_empty(), "session {i} generated tokens");
