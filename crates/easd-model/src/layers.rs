@@ -1,7 +1,8 @@
 //! The decoder block shared by qwen2 and llama: RMSNorm → GQA attention with RoPE → residual,
 //! RMSNorm → SwiGLU MLP → residual. Private building blocks; weights come from `load.rs`.
 //! Two paths: on the CPU (`*_host`) every operation runs on `easd-kernels` over plain row-major
-//! vectors (batch-invariant, no candle ops); on other devices candle tensors and kernels.
+//! vectors (batch-invariant, no candle ops), over the rows of one or several sessions at once (each with its own
+//! KV cache and positions); on other devices candle tensors and kernels, one session at a time.
 
 use crate::error::Result;
 use crate::kv_cache::KvCache;
@@ -157,28 +158,38 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
-    /// CPU path: `x` is `[seq][hidden]` at positions `cache.len()..`; writes this layer's
-    /// keys/values and returns the attention block's output rows.
-    fn forward_host(&self, x: &[f32], seq: usize, layer: usize, cache: &mut KvCache, rope: &Rope) -> Result<Vec<f32>> {
-        let start = cache.len();
-        let mut qkv = project_host(&[&self.q, &self.k, &self.v], x, seq)?;
+    /// CPU path over the rows of several sessions (`segments`, in order, each at positions `cache.len()..` of
+    /// its own cache): the projections run once over all rows (one read of the weights), RoPE, the KV writes
+    /// and attention per session. Returns the attention block's output rows.
+    fn forward_host(&self, x: &[f32], segments: &mut [Segment<'_>], layer: usize, rope: &Rope) -> Result<Vec<f32>> {
+        let total = segments.iter().map(|s| s.rows).sum();
+        let mut qkv = project_host(&[&self.q, &self.k, &self.v], x, total)?;
         let v = qkv.pop().expect("three outputs");
         let mut k = qkv.pop().expect("three outputs");
         let mut q = qkv.pop().expect("three outputs");
-        rope.apply_host(&mut q, self.n_heads, start);
-        rope.apply_host(&mut k, self.n_kv_heads, start);
-        cache.write_rows(layer, &k, &v)?;
-        let shape = AttentionShape {
-            n_heads: self.n_heads,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            seq,
-            start,
-            kv_capacity: cache.capacity(),
-        };
-        let (kb, vb) = cache.host_buffers(layer)?;
-        let out = easd_kernels::attention(shape, &q, kb, vb, 1.0 / (self.head_dim as f32).sqrt());
-        Ok(project_host(&[&self.o], &out, seq)?.remove(0))
+        let (q_width, kv_width) = (self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim);
+        let mut out = Vec::with_capacity(total * q_width);
+        let mut row = 0;
+        for seg in segments.iter_mut() {
+            let (start, rows) = (seg.cache.len(), seg.rows);
+            let q = &mut q[row * q_width..(row + rows) * q_width];
+            let k = &mut k[row * kv_width..(row + rows) * kv_width];
+            rope.apply_host(q, self.n_heads, start);
+            rope.apply_host(k, self.n_kv_heads, start);
+            seg.cache.write_rows(layer, k, &v[row * kv_width..(row + rows) * kv_width])?;
+            let shape = AttentionShape {
+                n_heads: self.n_heads,
+                n_kv_heads: self.n_kv_heads,
+                head_dim: self.head_dim,
+                seq: rows,
+                start,
+                kv_capacity: seg.cache.capacity(),
+            };
+            let (kb, vb) = seg.cache.host_buffers(layer)?;
+            out.extend(easd_kernels::attention(shape, q, kb, vb, 1.0 / (self.head_dim as f32).sqrt()));
+            row += rows;
+        }
+        Ok(project_host(&[&self.o], &out, total)?.remove(0))
     }
 
     /// `x`: `[1, seq, hidden]` at positions `cache.len()..`; writes this layer's keys/values.
@@ -228,6 +239,12 @@ impl Attention {
     }
 }
 
+/// One session's rows in a host forward: `rows` consecutive activation rows at positions `cache.len()..`.
+pub(crate) struct Segment<'a> {
+    pub cache: &'a mut KvCache,
+    pub rows: usize,
+}
+
 pub(crate) struct Block {
     pub attn_norm: RmsNorm,
     pub attn: Attention,
@@ -236,18 +253,12 @@ pub(crate) struct Block {
 }
 
 impl Block {
-    /// CPU path over `[seq][hidden]` rows, in place.
-    pub fn forward_host(
-        &self,
-        x: &mut [f32],
-        seq: usize,
-        layer: usize,
-        cache: &mut KvCache,
-        rope: &Rope,
-    ) -> Result<()> {
-        let h = self.attn.forward_host(&self.attn_norm.forward_host(x), seq, layer, cache, rope)?;
+    /// CPU path over the `[rows][hidden]` rows of `segments` (concatenated in their order), in place.
+    pub fn forward_host(&self, x: &mut [f32], segments: &mut [Segment<'_>], layer: usize, rope: &Rope) -> Result<()> {
+        let rows = segments.iter().map(|s| s.rows).sum();
+        let h = self.attn.forward_host(&self.attn_norm.forward_host(x), segments, layer, rope)?;
         easd_kernels::add_assign(x, &h);
-        let h = self.mlp.forward_host(&self.mlp_norm.forward_host(x), seq)?;
+        let h = self.mlp.forward_host(&self.mlp_norm.forward_host(x), rows)?;
         easd_kernels::add_assign(x, &h);
         Ok(())
     }

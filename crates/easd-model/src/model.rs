@@ -8,7 +8,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
-use crate::layers::{Block, Embedding, Linear, RmsNorm, causal_mask, project_host};
+use crate::layers::{Block, Embedding, Linear, RmsNorm, Segment, causal_mask, project_host};
 use crate::load::{LoadStats, load_weights};
 use crate::logits::Logits;
 use crate::rope::Rope;
@@ -47,6 +47,15 @@ pub struct ModelInfo {
     pub hidden_size: usize,
     pub file_bytes: u64,
     pub device: String,
+}
+
+/// One session's part of a [`Model::forward_batch`]: run `tokens` at positions `start_pos..` on `cache`
+/// (truncated to `start_pos` first, as [`Model::forward`] does) and return logits for the last `n_rows` of them.
+pub struct BatchItem<'a> {
+    pub cache: &'a mut KvCache,
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    pub n_rows: usize,
 }
 
 /// Weights shared by all sessions (Send + Sync; keep it in an `Arc`).
@@ -157,16 +166,48 @@ impl Model {
     /// vocabulary projection is a quarter of the 0.5B model's weights, so skipping unneeded
     /// rows makes prompt processing much cheaper.
     pub fn forward_last(&self, cache: &mut KvCache, tokens: &[u32], start_pos: usize, n_rows: usize) -> Result<Logits> {
-        self.check_input(cache, tokens, start_pos)?;
-        let seq = tokens.len();
-        if n_rows == 0 || n_rows > seq {
-            return Err(Error::RowsOutOfRange { n_rows, tokens: seq });
+        let mut items = [BatchItem { cache, tokens, start_pos, n_rows }];
+        Ok(self.forward_batch(&mut items)?.pop().expect("one item, one result"))
+    }
+
+    /// One forward over the rows of several sessions: each item is a [`Model::forward_last`] on its own cache
+    /// and positions, and the result holds each item's logits in order.
+    ///
+    /// On the CPU the embedding, norms, projections, MLP and vocabulary head run once over the rows of all items
+    /// (decode is memory-bound: one read of the weights serves every row), RoPE, the KV writes and attention per
+    /// item. The kernels are batch-invariant, so each item's logits are bitwise those of its own forward, whatever
+    /// shares the batch. Every item is checked before any work (the first bad one is the error, and then no
+    /// cache changes). On other devices the items run one after the other.
+    pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Result<Vec<Logits>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
         }
-        cache.truncate(start_pos)?;
-        cache.reserve(seq)?;
+        for item in items.iter() {
+            self.check_item(item.cache, item.tokens, item.start_pos, item.n_rows)?;
+        }
+        for item in items.iter_mut() {
+            item.cache.truncate(item.start_pos)?;
+            item.cache.reserve(item.tokens.len())?;
+        }
         if self.device.is_cpu() {
-            return self.forward_host(cache, tokens, n_rows);
+            return self.forward_host(items);
         }
+        items.iter_mut().map(|item| self.forward_device(item.cache, item.tokens, item.n_rows)).collect()
+    }
+
+    /// Checks one input of [`Model::forward_last`] / [`Model::forward_batch`] without running it: the error the
+    /// forward would return, or none. (A batcher uses it to keep one bad request from failing a whole batch.)
+    pub fn check_item(&self, cache: &KvCache, tokens: &[u32], start_pos: usize, n_rows: usize) -> Result<()> {
+        self.check_input(cache, tokens, start_pos)?;
+        if n_rows == 0 || n_rows > tokens.len() {
+            return Err(Error::RowsOutOfRange { n_rows, tokens: tokens.len() });
+        }
+        Ok(())
+    }
+
+    /// The candle path for one session whose cache is already truncated to its start and has room.
+    fn forward_device(&self, cache: &mut KvCache, tokens: &[u32], n_rows: usize) -> Result<Logits> {
+        let (seq, start_pos) = (tokens.len(), cache.len());
         let mut x = self.embed.lookup(tokens, &self.device)?;
         let n_rep = self.cfg.n_heads / self.cfg.n_kv_heads;
         let mask = causal_mask(seq, start_pos, n_rep, &self.device)?;
@@ -181,18 +222,43 @@ impl Model {
         Ok(self.logits(data, n_rows))
     }
 
-    /// The CPU path: every operation on the project's batch-invariant kernels, no candle ops.
-    fn forward_host(&self, cache: &mut KvCache, tokens: &[u32], n_rows: usize) -> Result<Logits> {
-        let (seq, h) = (tokens.len(), self.cfg.hidden_size);
-        let mut x = self.embed.lookup_host(tokens)?;
+    /// The CPU path: every operation on the project's batch-invariant kernels, no candle ops. The items' rows are
+    /// concatenated in order; caches are truncated and reserved.
+    fn forward_host(&self, items: &mut [BatchItem<'_>]) -> Result<Vec<Logits>> {
+        let h = self.cfg.hidden_size;
+        let tokens: Vec<u32> = items.iter().flat_map(|item| item.tokens.iter().copied()).collect();
+        let mut x = self.embed.lookup_host(&tokens)?;
+        let mut segments: Vec<Segment<'_>> =
+            items.iter_mut().map(|item| Segment { cache: &mut *item.cache, rows: item.tokens.len() }).collect();
         for (i, block) in self.blocks.iter().enumerate() {
-            block.forward_host(&mut x, seq, i, cache, &self.rope)?;
+            block.forward_host(&mut x, &mut segments, i, &self.rope)?;
         }
-        cache.advance(seq);
-        let mut last = x[(seq - n_rows) * h..].to_vec();
+        for segment in &mut segments {
+            segment.cache.advance(segment.rows);
+        }
+        drop(segments);
+        // The head over the wanted rows of every item at once: the last `n_rows` rows of each item's segment.
+        let wanted: usize = items.iter().map(|item| item.n_rows).sum();
+        let mut last = Vec::with_capacity(wanted * h);
+        let mut end = 0;
+        for item in items.iter() {
+            end += item.tokens.len();
+            last.extend_from_slice(&x[(end - item.n_rows) * h..end * h]);
+        }
         easd_kernels::rms_norm_rows(&mut last, &self.norm.host, self.norm.eps);
-        let data = project_host(&[&self.lm_head], &last, n_rows)?.remove(0);
-        Ok(self.logits(data, n_rows))
+        let mut data = project_host(&[&self.lm_head], &last, wanted)?.remove(0);
+        // Split from the back, so each item's rows are copied once.
+        let vocab = self.info.vocab_size;
+        let mut out: Vec<Logits> = items
+            .iter()
+            .rev()
+            .map(|item| {
+                let mine = data.split_off(data.len() - item.n_rows * vocab);
+                self.logits(mine, item.n_rows)
+            })
+            .collect();
+        out.reverse();
+        Ok(out)
     }
 
     /// Logits rows with the embedding's padding rows (no tokens) masked.
@@ -346,6 +412,87 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Cross-session batching: sessions of random lengths at random positions (prefills, verify blocks, single
+    /// decode steps, rollbacks) forwarded together give each session bitwise the logits of its own forward, and
+    /// leave in its cache what its own forward would (a second batched round checks the keys/values written).
+    #[test]
+    fn a_batch_of_sessions_gives_each_the_bits_of_its_own_forward() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        for spec in both() {
+            let (_d, m) = tiny(&spec);
+            let vocab = m.info().vocab_size as u32;
+            let mut rng = StdRng::seed_from_u64(23);
+            for trial in 0..5 {
+                let sessions = rng.random_range(2..=8);
+                let (mut batched, mut alone) = (Vec::new(), Vec::new());
+                for _ in 0..sessions {
+                    let held = rng.random_range(0..40);
+                    let history: Vec<u32> = (0..held).map(|_| rng.random_range(0..vocab)).collect();
+                    let (mut a, mut b) = (m.new_cache(), m.new_cache());
+                    if held > 0 {
+                        m.forward(&mut a, &history, 0).unwrap();
+                        m.forward(&mut b, &history, 0).unwrap();
+                    }
+                    batched.push(a);
+                    alone.push(b);
+                }
+                for round in 0..2 {
+                    // Round 0: blocks at random starts (a start below the cache length is a rollback); round 1:
+                    // one decode token each, reading what round 0 wrote.
+                    let inputs: Vec<(Vec<u32>, usize, usize)> = alone
+                        .iter()
+                        .map(|cache| {
+                            let len = if round == 0 { rng.random_range(1..=12) } else { 1 };
+                            let start = if round == 0 { rng.random_range(0..=cache.len()) } else { cache.len() };
+                            let tokens = (0..len).map(|_| rng.random_range(0..vocab)).collect();
+                            (tokens, start, rng.random_range(1..=len))
+                        })
+                        .collect();
+                    let mut items: Vec<BatchItem<'_>> = batched
+                        .iter_mut()
+                        .zip(&inputs)
+                        .map(|(cache, (tokens, start_pos, n_rows))| BatchItem {
+                            cache,
+                            tokens,
+                            start_pos: *start_pos,
+                            n_rows: *n_rows,
+                        })
+                        .collect();
+                    let together = m.forward_batch(&mut items).unwrap();
+                    assert_eq!(together.len(), sessions);
+                    for (i, ((tokens, start, n_rows), cache)) in inputs.iter().zip(&mut alone).enumerate() {
+                        let own = m.forward_last(cache, tokens, *start, *n_rows).unwrap();
+                        assert_eq!(together[i].rows(), *n_rows);
+                        assert_eq!(batched[i].len(), cache.len());
+                        for r in 0..*n_rows {
+                            assert!(
+                                same_bits(together[i].row(r), own.row(r)),
+                                "{} trial {trial} round {round}: session {i} of {sessions}, row {r}",
+                                spec.architecture
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_item_fails_the_batch_before_any_cache_changes() {
+        let (_d, m) = tiny(&TinySpec::qwen2(4));
+        let (mut a, mut b) = (m.new_cache(), m.new_cache());
+        m.forward(&mut a, &[1, 2, 3], 0).unwrap();
+        let bad = [m.info().vocab_size as u32];
+        let mut items = [
+            BatchItem { cache: &mut a, tokens: &[4, 5], start_pos: 1, n_rows: 2 },
+            BatchItem { cache: &mut b, tokens: &bad, start_pos: 0, n_rows: 1 },
+        ];
+        assert!(matches!(m.forward_batch(&mut items), Err(Error::TokenOutOfRange { .. })));
+        assert_eq!((a.len(), b.len()), (3, 0), "no rollback, no write");
+        assert!(m.forward_batch(&mut []).unwrap().is_empty());
     }
 
     #[test]

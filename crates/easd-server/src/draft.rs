@@ -1,16 +1,21 @@
 //! The draft service: proposes k tokens with their sparse proposals, entropies and top-N sets (DESIGN §3.1 step 1).
+//! Each proposal step is one row of a batched forward on the worker's model thread (`crate::batcher`), so the
+//! steps of concurrent sessions share one read of the weights.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use easd_core::{DEFAULT_K_Q, MAX_BLOCK_SIZE, propose};
+use easd_core::{DEFAULT_K_Q, MAX_BLOCK_SIZE, SamplingParams, propose};
+use easd_model::Logits;
 use easd_proto::v1::{self as pb, draft_server::Draft};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::batcher::{Job, Round, Ticket};
 use crate::convert::{draft_token_to_pb, sampling_from_pb};
 use crate::error::ServerError;
+use crate::sessions::{Claim, WorkerSession};
 use crate::worker::Worker;
 
 /// Most tokens one `Propose` call may ask for: a block of the largest size plus the guess of its bonus token.
@@ -55,63 +60,74 @@ impl Draft for DraftService {
             count - 1,
         )?;
 
-        let (tx, rx) = mpsc::channel(MAX_PROPOSE_COUNT);
-        let worker = self.worker.clone();
-        let session_id = req.session_id.clone();
-        // The blocking thread does not inherit the request's span: carry it in, so forwards join the trace.
-        let span = tracing::Span::current();
-        tokio::task::spawn_blocking(move || {
-            let _entered = span.enter();
-            let result = (|| -> Result<(), ServerError> {
-                let mut s = session.lock().expect("session poisoned");
-                // A request cancelled while it waited for the session (a pre-draft the coordinator dropped) must not
-                // roll back what a later request already built: it leaves the session untouched.
-                if tx.is_closed() {
-                    return Ok(());
-                }
-                let start = s.resume(&session_id, claim)?;
-                let mut started = Instant::now();
-                let logits = worker.forward(&mut s.cache, &req.new_tokens, start)?;
-                s.tokens.extend(&req.new_tokens);
-                let mut row = logits.row(logits.rows() - 1).to_vec();
-                for i in 0..count {
-                    let position = s.tokens.len() as u64;
-                    let token = propose(&row, &params, support, top_n, seed, position);
-                    let elapsed = started.elapsed().as_secs_f32();
-                    let msg = draft_token_to_pb(&token, position, elapsed);
-                    if tx.blocking_send(Ok(msg)).is_err() {
-                        break; // the coordinator went away: stop drafting
-                    }
-                    if i + 1 < count {
-                        if tx.is_closed() {
-                            break; // cancelled (a dropped pre-draft): no more forwards
-                        }
-                        started = Instant::now();
-                        let pos = s.tokens.len();
-                        let logits = worker.forward(&mut s.cache, &[token.token], pos)?;
-                        s.tokens.push(token.token);
-                        row.copy_from_slice(logits.row(0));
-                    }
-                }
-                let bytes = s.cache.bytes();
-                drop(s);
-                worker.checkin(&session_id, bytes);
-                Ok(())
-            })();
-            if let Err(e) = result {
-                match e {
-                    ServerError::PrefixMismatch { .. } => {
-                        tracing::info!(error = %e, "propose: resend the full context")
-                    }
-                    _ => tracing::warn!(error = %e, "propose failed"),
-                }
-                let _ = tx.blocking_send(Err(e.into()));
-            }
-        });
+        // Room for every token and an error: the model thread never waits on a slow reader.
+        let (tx, rx) = mpsc::channel(MAX_PROPOSE_COUNT + 1);
+        let job = ProposeJob {
+            session_id: req.session_id.clone(),
+            claim,
+            new_tokens: req.new_tokens,
+            count,
+            sent: 0,
+            params,
+            seed,
+            support,
+            top_n,
+            tx,
+        };
+        let rows = job.new_tokens.len();
+        self.worker.submit(Ticket::new(session, &req.session_id, rows, Box::new(job))).await?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
         Ok(Response::new(self.worker.release(request.get_ref())))
+    }
+}
+
+/// One proposal on the model thread: the claim check, a forward over the new tokens, then each proposal fed back —
+/// `count` rounds, each one row of a batch with the other sessions' rounds. Each token is sent as soon as drawn.
+struct ProposeJob {
+    session_id: String,
+    claim: Claim,
+    new_tokens: Vec<u32>,
+    count: usize,
+    sent: usize,
+    params: SamplingParams,
+    seed: u64,
+    support: usize,
+    top_n: usize,
+    tx: mpsc::Sender<Result<pb::DraftToken, Status>>,
+}
+
+impl Job for ProposeJob {
+    /// The coordinator dropped the stream (a cancelled pre-draft): a job not started yet leaves the session
+    /// untouched — it must not roll back what a later request built — and a running one makes no more forwards.
+    fn cancelled(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    fn start(&mut self, session: &mut WorkerSession) -> Result<Round, ServerError> {
+        session.resume(&self.session_id, self.claim)?;
+        Ok(Round { tokens: std::mem::take(&mut self.new_tokens), rows: 1 })
+    }
+
+    fn step(&mut self, session: &mut WorkerSession, logits: Logits, forward_seconds: f32) -> Option<Round> {
+        let started = Instant::now();
+        let position = session.tokens.len() as u64;
+        let token = propose(logits.row(0), &self.params, self.support, self.top_n, self.seed, position);
+        let elapsed = forward_seconds + started.elapsed().as_secs_f32();
+        self.sent += 1;
+        if self.tx.try_send(Ok(draft_token_to_pb(&token, position, elapsed))).is_err() || self.sent == self.count {
+            return None; // done, or the coordinator went away: stop drafting
+        }
+        Some(Round { tokens: vec![token.token], rows: 1 })
+    }
+
+    fn fail(&mut self, error: ServerError) {
+        match error {
+            ServerError::PrefixMismatch { .. } => tracing::info!(error = %error, "propose: resend the full context"),
+            _ => tracing::warn!(error = %error, "propose failed"),
+        }
+        let _ = self.tx.try_send(Err(error.into()));
     }
 }

@@ -5,6 +5,7 @@
 //! models (`easd_core::propose`, `easd_core::score_position`); the coordinator decides (`easd_core::verify_block`)
 //! and holds the committed tokens, which makes every worker call safe to retry.
 
+pub mod batcher;
 pub mod convert;
 pub mod coordinator;
 pub mod draft;
@@ -17,6 +18,7 @@ pub mod tls;
 pub mod verifier;
 pub mod worker;
 
+pub use batcher::BatchOptions;
 pub use coordinator::{Coordinator, CoordinatorConfig};
 pub use error::ServerError;
 pub use sessions::SessionLimits;

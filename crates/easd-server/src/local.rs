@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::batcher::BatchOptions;
 use crate::coordinator::{Coordinator, CoordinatorConfig};
 use crate::error::ServerError;
 use crate::serve::{ServerOptions, serve_coordinator, serve_draft, serve_verifier};
@@ -23,6 +24,8 @@ use crate::worker::Worker;
 pub struct LocalOptions {
     pub verifier_replicas: usize,
     pub limits: SessionLimits,
+    /// Cross-session batching of each worker.
+    pub batch: BatchOptions,
     pub default_easd: EasdParams,
     /// Mode and block size of requests that leave them unset.
     pub default_mode: ModeKind,
@@ -41,6 +44,7 @@ impl Default for LocalOptions {
         Self {
             verifier_replicas: 1,
             limits: SessionLimits::default(),
+            batch: BatchOptions::default(),
             default_easd: EasdParams::default(),
             default_mode: ModeKind::default(),
             pipeline: false,
@@ -111,7 +115,7 @@ impl LocalStack {
         let mut tasks = Vec::new();
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
 
-        let draft_worker = Worker::new(draft, opts.limits, "draft");
+        let draft_worker = Worker::with_batching(draft, opts.limits, opts.batch, "draft");
         let (listener, draft_url) = bind(loopback).await?;
         let (w, stop) = (draft_worker.clone(), wait());
         tasks.push(tokio::spawn(async move {
@@ -123,7 +127,7 @@ impl LocalStack {
         let mut verifier_urls = Vec::new();
         let mut verifier_workers = Vec::new();
         for _ in 0..opts.verifier_replicas.max(1) {
-            let worker = Worker::new(target.clone(), opts.limits, "verifier");
+            let worker = Worker::with_batching(target.clone(), opts.limits, opts.batch, "verifier");
             let (listener, url) = bind(loopback).await?;
             let (w, stop) = (worker.clone(), wait());
             tasks.push(tokio::spawn(async move {

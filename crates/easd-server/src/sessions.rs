@@ -2,9 +2,10 @@
 //!
 //! A session is checked out for the length of one request (its `Arc` is then shared), so eviction never
 //! touches a cache that a forward pass is using. The prefix claim is checked under the session's lock, in the same
-//! critical section as the forward it guards ([`WorkerSession::resume`]): a request that was cancelled while queued
-//! behind another one (a dropped pre-draft) can then never leave the next request computing on a context it did
-//! not claim.
+//! critical section as the forward it guards ([`WorkerSession::resume`], called by the worker's model thread, which
+//! holds the lock from the check to the job's last forward — `crate::batcher`): a request that was cancelled while
+//! queued behind another one (a dropped pre-draft) can then never leave the next request computing on a context it
+//! did not claim.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,7 +49,9 @@ impl WorkerSession {
     }
 }
 
-pub type SharedSession = Arc<Mutex<WorkerSession>>;
+/// A session as requests share it. The lock is tokio's for its owned guards: the model thread keeps a job's session
+/// locked across the rounds of a batched draft.
+pub type SharedSession = Arc<tokio::sync::Mutex<WorkerSession>>;
 
 struct Entry {
     session: SharedSession,
@@ -96,7 +99,10 @@ impl SessionTable {
     ) -> Result<SharedSession, ServerError> {
         let mut entries = self.entries.lock().expect("session table poisoned");
         if full_context {
-            let session = Arc::new(Mutex::new(WorkerSession { cache: new_cache(), tokens: HashedTokens::default() }));
+            let session = Arc::new(tokio::sync::Mutex::new(WorkerSession {
+                cache: new_cache(),
+                tokens: HashedTokens::default(),
+            }));
             entries.insert(id.to_owned(), Entry { session: session.clone(), last_used: Instant::now(), bytes: 0 });
             return Ok(session);
         }

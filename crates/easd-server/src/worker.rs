@@ -1,13 +1,15 @@
-//! What the draft and verifier workers share: the loaded model, the session table, prefix-claim handling, and the
-//! worker's metrics (forward latency, KV cache use), which are always kept and served only when asked.
+//! What the draft and verifier workers share: the loaded model, the session table, prefix-claim handling, the
+//! batcher whose model thread runs every forward ([`crate::batcher`]), and the worker's metrics (forward latency,
+//! batch sizes, queue wait, KV cache use), which are always kept and served only when asked.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use easd_model::{KvCache, Logits, Model};
+use easd_model::Model;
 use easd_proto::v1 as pb;
 use easd_telemetry::WorkerMetrics;
 
+use crate::batcher::{BatchOptions, Batcher, Ticket};
 use crate::error::ServerError;
 use crate::sessions::{Claim, SessionLimits, SessionTable, SharedSession};
 
@@ -17,11 +19,30 @@ pub struct Worker {
     pub sessions: SessionTable,
     pub role: &'static str,
     metrics: WorkerMetrics,
+    batcher: Batcher,
 }
 
 impl Worker {
+    /// A worker with the default batching ([`BatchOptions::default`]).
     pub fn new(model: Arc<Model>, limits: SessionLimits, role: &'static str) -> Arc<Self> {
-        Arc::new(Self { model, sessions: SessionTable::new(limits), role, metrics: WorkerMetrics::new(role) })
+        Self::with_batching(model, limits, BatchOptions::default(), role)
+    }
+
+    /// A worker and its model thread.
+    pub fn with_batching(
+        model: Arc<Model>,
+        limits: SessionLimits,
+        batch: BatchOptions,
+        role: &'static str,
+    ) -> Arc<Self> {
+        let metrics = WorkerMetrics::new(role);
+        Arc::new_cyclic(|worker| Self {
+            batcher: Batcher::start(model.clone(), batch, metrics.clone(), worker.clone(), role),
+            model,
+            sessions: SessionTable::new(limits),
+            role,
+            metrics,
+        })
     }
 
     /// The worker's metrics (serve `metrics().registry()` to expose them).
@@ -29,13 +50,9 @@ impl Worker {
         &self.metrics
     }
 
-    /// One forward pass over `tokens` from position `pos`: traced (`forward`) and timed by batch length.
-    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], pos: usize) -> Result<Logits, ServerError> {
-        let _span = tracing::info_span!("forward", batch_len = tokens.len(), pos).entered();
-        let started = Instant::now();
-        let logits = self.model.forward(cache, tokens, pos)?;
-        self.metrics.observe_forward_seconds(tokens.len(), started.elapsed().as_secs_f64());
-        Ok(logits)
+    /// Queues a job for the model thread (waits while the queue is full).
+    pub async fn submit(&self, ticket: Ticket) -> Result<(), ServerError> {
+        self.batcher.submit(ticket).await
     }
 
     /// Records a session's cache size after a request (evicting over budget) and updates the cache metrics.

@@ -63,6 +63,16 @@ fn forward_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
+/// 1, 2, 4, … 128 sessions in one forward.
+fn batch_sessions_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 8))
+}
+
+/// 50 µs … 1.6 s waiting for the model thread.
+fn queue_wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+}
+
 fn mode(mode: &str) -> ModeLabels {
     ModeLabels { mode: mode.to_owned() }
 }
@@ -228,11 +238,13 @@ impl CoordinatorMetrics {
     }
 }
 
-/// Metrics of a model worker (draft or verifier): forward latency and KV cache use.
+/// Metrics of a model worker (draft or verifier): forward latency, batching and KV cache use.
 #[derive(Clone, Debug)]
 pub struct WorkerMetrics {
     registry: Arc<Registry>,
     forward_seconds: HistogramFamily<BatchLabels>,
+    batch_sessions: Histogram,
+    queue_wait_seconds: Histogram,
     kv_cache_bytes: Gauge,
     kv_cache_sessions: Gauge,
     evictions: Counter,
@@ -245,18 +257,38 @@ impl WorkerMetrics {
         let labels = [(Cow::Borrowed("role"), Cow::Owned(role.to_owned()))];
         let mut registry = Registry::with_prefix_and_labels("easd_worker", labels.into_iter());
         let forward_seconds: HistogramFamily<BatchLabels> = Family::new_with_constructor(forward_histogram);
+        let batch_sessions = batch_sessions_histogram();
+        let queue_wait_seconds = queue_wait_histogram();
         let kv_cache_bytes = Gauge::default();
         let kv_cache_sessions = Gauge::default();
         let evictions = Counter::default();
         registry.register(
             "forward_seconds",
-            "Latency of one model forward by number of tokens in it (bucketed)",
+            "Latency of one model forward by number of tokens in it, all sessions' rows together (bucketed)",
             forward_seconds.clone(),
+        );
+        registry.register(
+            "batch_sessions",
+            "Sessions whose rows one forward computed (cross-session batching)",
+            batch_sessions.clone(),
+        );
+        registry.register(
+            "queue_wait_seconds",
+            "Time a request waited for the model thread, from arrival to its first forward's start",
+            queue_wait_seconds.clone(),
         );
         registry.register("kv_cache_bytes", "Bytes held by per-session KV caches", kv_cache_bytes.clone());
         registry.register("kv_cache_sessions", "Sessions with a KV cache", kv_cache_sessions.clone());
         registry.register("evictions", "KV caches evicted (memory budget or idle timeout)", evictions.clone());
-        Self { registry: Arc::new(registry), forward_seconds, kv_cache_bytes, kv_cache_sessions, evictions }
+        Self {
+            registry: Arc::new(registry),
+            forward_seconds,
+            batch_sessions,
+            queue_wait_seconds,
+            kv_cache_bytes,
+            kv_cache_sessions,
+            evictions,
+        }
     }
 
     /// The registry to serve or encode.
@@ -273,6 +305,16 @@ impl WorkerMetrics {
     pub fn observe_forward_seconds(&self, batch_len: usize, seconds: f64) {
         let labels = BatchLabels { batch_len: batch_len_label(batch_len) };
         self.forward_seconds.get_or_create(&labels).observe(seconds);
+    }
+
+    /// One forward computed rows of `sessions` sessions.
+    pub fn observe_batch_sessions(&self, sessions: usize) {
+        self.batch_sessions.observe(sessions as f64);
+    }
+
+    /// A request waited `seconds` for the model thread before its first forward.
+    pub fn observe_queue_wait_seconds(&self, seconds: f64) {
+        self.queue_wait_seconds.observe(seconds);
     }
 
     /// Current KV cache use.
@@ -369,6 +411,10 @@ mod tests {
         metrics.observe_forward_seconds(1, 0.001);
         metrics.set_kv_cache(3 << 20, 2);
         metrics.inc_evictions(3);
+        metrics.observe_batch_sessions(1);
+        metrics.observe_batch_sessions(3);
+        metrics.observe_batch_sessions(8);
+        metrics.observe_queue_wait_seconds(0.0003);
 
         let text = metrics.encode();
         let expect = [
@@ -377,6 +423,12 @@ mod tests {
             (r#"easd_worker_kv_cache_bytes{role="verifier"}"#, 3_145_728.0),
             (r#"easd_worker_kv_cache_sessions{role="verifier"}"#, 2.0),
             (r#"easd_worker_evictions_total{role="verifier"}"#, 3.0),
+            (r#"easd_worker_batch_sessions_count{role="verifier"}"#, 3.0),
+            (r#"easd_worker_batch_sessions_sum{role="verifier"}"#, 12.0),
+            (r#"easd_worker_batch_sessions_bucket{role="verifier",le="1.0"}"#, 1.0),
+            (r#"easd_worker_batch_sessions_bucket{role="verifier",le="2.0"}"#, 1.0),
+            (r#"easd_worker_batch_sessions_bucket{role="verifier",le="4.0"}"#, 2.0),
+            (r#"easd_worker_queue_wait_seconds_count{role="verifier"}"#, 1.0),
         ];
         for (series, value) in expect {
             assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");

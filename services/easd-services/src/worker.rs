@@ -4,8 +4,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
+<<<<<<< HEAD
 use easd_model::{LoadOptions, ModelSources, parse_device, resolve_model};
 use easd_server::{SessionLimits, Worker, local::load_model, serve};
+=======
+use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
+use easd_server::{BatchOptions, SessionLimits, Worker, local::load_model, serve};
+>>>>>>> batching
 
 use crate::{MetricsArgs, ServerTlsArgs, shutdown_signal};
 
@@ -34,6 +39,16 @@ pub struct WorkerArgs {
     /// Sessions idle for longer are dropped, in seconds.
     #[arg(long, default_value_t = 300)]
     pub idle_timeout_s: u64,
+    /// Cross-session batching: how long a forward waits for other active sessions' requests, in ms (never when
+    /// the worker is idle; 0: only what is already queued is batched).
+    #[arg(long, default_value_t = 2.0, env = "EASD_BATCH_WINDOW_MS")]
+    pub batch_window_ms: f64,
+    /// Most input rows (tokens, all sessions together) in one forward; 1 turns batching off.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..), env = "EASD_BATCH_MAX_ROWS")]
+    pub batch_max_rows: u64,
+    /// Most requests waiting for the model; more wait for room.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_queue: u64,
     #[command(flatten)]
     pub tls: ServerTlsArgs,
     #[command(flatten)]
@@ -57,8 +72,13 @@ pub async fn run_worker(role: Role, listen: SocketAddr, model: &str, args: Worke
         budget_bytes: args.kv_budget_mib << 20,
         idle_timeout: Duration::from_secs(args.idle_timeout_s),
     };
+    let batch = BatchOptions {
+        window: batch_window(args.batch_window_ms)?,
+        max_rows: args.batch_max_rows as usize,
+        queue: args.batch_queue as usize,
+    };
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
-    let worker = Worker::new(model, limits, name);
+    let worker = Worker::with_batching(model, limits, batch, name);
     metrics.serve(worker.metrics().registry());
     tracing::info!(addr = %listen, model = %path.display(), role = name, "worker serving");
     match role {
@@ -66,4 +86,10 @@ pub async fn run_worker(role: Role, listen: SocketAddr, model: &str, args: Worke
         Role::Verifier => serve::serve_verifier(listener, worker, &options, shutdown_signal()).await,
     }
     .context("serving")
+}
+
+/// `--batch-window-ms` as a duration: finite and not negative.
+pub fn batch_window(ms: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(ms / 1000.0)
+        .map_err(|_| anyhow::anyhow!("--batch-window-ms must be a finite number ≥ 0, got {ms}"))
 }

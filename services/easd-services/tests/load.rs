@@ -1,6 +1,7 @@
 //! Bounded load test on loopback: 64 concurrent sessions over 2 verifier replicas, for a fixed number of
-//! requests. All must complete, sessions must spread over both replicas, and memory must not keep growing
-//! (RSS after a second round ≈ after the first). Prints latency percentiles and RSS figures.
+//! requests. All must complete, sessions must spread over both replicas, every worker must have batched forwards
+//! across sessions, and memory must not keep growing (RSS after a second round ≈ after the first). Prints latency
+//! percentiles, batch sizes and RSS figures.
 
 mod support;
 
@@ -20,9 +21,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_concurrent_sessions_over_two_replicas() {
     let pair = tiny_pair();
-    let draft = worker("draft", &pair.draft, free_port());
-    let v1 = worker("verifier", &pair.target, free_port());
-    let v2 = worker("verifier", &pair.target, free_port());
+    let metrics_ports = [free_port(), free_port(), free_port()];
+    let metrics = |i: usize| vec![format!("--metrics-listen=127.0.0.1:{}", metrics_ports[i])];
+    let draft = worker_flags("draft", &pair.draft, free_port(), &metrics(0));
+    let v1 = worker_flags("verifier", &pair.target, free_port(), &metrics(1));
+    let v2 = worker_flags("verifier", &pair.target, free_port(), &metrics(2));
     for p in [&draft, &v1, &v2] {
         wait_serving(&p.url()).await;
     }
@@ -81,6 +84,16 @@ async fn sixty_four_concurrent_sessions_over_two_replicas() {
         let first = after_round[0][i].1 as f64;
         let last = after_round[ROUNDS - 1][i].1 as f64;
         assert!(last <= first * 1.25 + 8.0 * 1024.0, "{name} RSS grew from {first} KiB to {last} KiB after warm-up");
+    }
+    // Cross-session batching: every worker computed forwards over several sessions' rows.
+    for (i, role) in ["draft", "verifier", "verifier"].into_iter().enumerate() {
+        let text = metrics_text(metrics_ports[i]).await;
+        let series = |stat: &str| {
+            sample(&text, &format!("easd_worker_batch_sessions_{stat}{{role=\"{role}\"}}")).expect("batch metric")
+        };
+        let (forwards, sessions) = (series("count"), series("sum"));
+        println!("{role} {i}: {forwards} forwards, {:.2} sessions per forward", sessions / forwards);
+        assert!(sessions > forwards, "{role} {i} never batched sessions: {forwards} forwards, {sessions} sessions");
     }
     // Sessions are released: the replicas end with none live.
     wait_info(&coord.url(), "no live sessions", |i| i.replicas.iter().all(|r| r.live_sessions == 0)).await;

@@ -1,4 +1,5 @@
-//! `easd bench model|verify`: speed figures and the block-verify check on a real model.
+//! `easd bench model|verify|sessions`: speed figures and the block-verify check on a real model; concurrent sessions
+//! against a running system (`bench_sessions.rs`).
 
 use anyhow::Context;
 use easd_model::{
@@ -15,6 +16,9 @@ pub enum BenchCommand {
     Verify(VerifyArgs),
     /// A TCP forwarder adding a one-way latency to every chunk (simulated hosts; `scripts/bench-two-hosts.sh`).
     Proxy(crate::proxy::ProxyArgs),
+    /// N concurrent sessions on GSM8K questions vs each alone, against a running coordinator: tokens/s, latency,
+    /// identical tokens, RSS (`scripts/bench-batching.sh`).
+    Sessions(crate::bench_sessions::SessionsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -87,6 +91,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Model(args) => bench_model(args),
         BenchCommand::Verify(args) => verify(args),
         BenchCommand::Proxy(args) => crate::runtime()?.block_on(crate::proxy::run(args)),
+        BenchCommand::Sessions(args) => crate::runtime()?.block_on(crate::bench_sessions::run(args)),
     }
 }
 

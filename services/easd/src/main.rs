@@ -3,6 +3,7 @@
 
 mod ask;
 mod bench;
+mod bench_sessions;
 mod eval;
 mod health;
 mod models;

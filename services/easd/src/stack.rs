@@ -1,9 +1,11 @@
 //! Starting the whole system in this process (`easd up`, `easd ask` without `--coordinator`).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use easd_model::{LoadOptions, ModelSources, parse_device, resolve_model};
+use easd_server::BatchOptions;
 use easd_server::local::{LocalOptions, LocalStack, PairLoadOptions};
 
 /// Which models to run locally and how.
@@ -32,6 +34,13 @@ pub struct LocalArgs {
     /// Verifier replicas to start.
     #[arg(long, default_value_t = 1)]
     pub verifiers: usize,
+    /// Cross-session batching: how long a worker's forward waits for other active sessions' requests, in ms
+    /// (never when the worker is idle; 0: only what is already queued is batched).
+    #[arg(long, default_value_t = 2.0)]
+    pub batch_window_ms: f64,
+    /// Most input rows (tokens, all sessions together) in one forward of a worker; 1 turns batching off.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_max_rows: u64,
 }
 
 impl LocalArgs {
@@ -43,7 +52,11 @@ impl LocalArgs {
         easd_model::set_threads(self.threads)?;
         let load = self.devices.load_options(self.requantize)?;
         eprintln!("loading {} and {} …", draft.display(), target.display());
-        let opts = LocalOptions { verifier_replicas: self.verifiers, ..opts };
+        let window = Duration::try_from_secs_f64(self.batch_window_ms / 1000.0).map_err(|_| {
+            anyhow::anyhow!("--batch-window-ms must be a finite number ≥ 0, got {}", self.batch_window_ms)
+        })?;
+        let batch = BatchOptions { window, max_rows: self.batch_max_rows as usize, ..opts.batch };
+        let opts = LocalOptions { verifier_replicas: self.verifiers, batch, ..opts };
         LocalStack::start_from_files(&draft, &target, &load, opts).await.context("starting the local stack")
     }
 }

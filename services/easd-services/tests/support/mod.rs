@@ -82,12 +82,35 @@ fn spawn(bin: &str, name: &str, port: u16, args: &[String]) -> Proc {
 }
 
 pub fn worker(kind: &str, model: &Path, port: u16) -> Proc {
+    worker_flags(kind, model, port, &[])
+}
+
+/// A worker with extra flags.
+pub fn worker_flags(kind: &str, model: &Path, port: u16, extra: &[String]) -> Proc {
     let bin = match kind {
         "draft" => env!("CARGO_BIN_EXE_easd-draft"),
         _ => env!("CARGO_BIN_EXE_easd-verifier"),
     };
-    let args = vec![format!("--listen=127.0.0.1:{port}"), format!("--model={}", model.display())];
+    let mut args = vec![format!("--listen=127.0.0.1:{port}"), format!("--model={}", model.display())];
+    args.extend_from_slice(extra);
     spawn(bin, kind, port, &args)
+}
+
+/// The Prometheus text a service serves on `127.0.0.1:port` (`--metrics-listen`).
+pub async fn metrics_text(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+}
+
+/// The value of the sample `series` (name with its labels, as printed) in a metrics text.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 pub fn coordinator(pair: &TinyPair, drafts: &[&Proc], verifier_ports: &[u16], extra: &[&str]) -> Proc {
