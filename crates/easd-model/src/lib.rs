@@ -40,14 +40,9 @@ pub use hub::{HubFile, HubSettings};
 pub use kv_cache::KvCache;
 pub use load::LoadStats;
 pub use logits::Logits;
-<<<<<<< HEAD
-pub use model::{LoadOptions, Model, ModelInfo};
+pub use model::{BatchItem, LoadOptions, Model, ModelInfo};
 pub use pull::{DefaultModel, ModelStatus, default_models_dir, list, pull};
 pub use resolve::{ModelSources, ModelSpec, resolve_model};
-=======
-pub use model::{BatchItem, LoadOptions, Model, ModelInfo};
-pub use pull::{DefaultModel, ModelStatus, default_models_dir, list, pull, resolve_model};
->>>>>>> batching
 pub use tiny::{TinySpec, write_tiny_gguf};
 pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
 

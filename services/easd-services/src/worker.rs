@@ -4,13 +4,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-<<<<<<< HEAD
 use easd_model::{LoadOptions, ModelSources, parse_device, resolve_model};
-use easd_server::{SessionLimits, Worker, local::load_model, serve};
-=======
-use easd_model::{LoadOptions, default_models_dir, parse_device, resolve_model};
 use easd_server::{BatchOptions, SessionLimits, Worker, local::load_model, serve};
->>>>>>> batching
 
 use crate::{MetricsArgs, ServerTlsArgs, shutdown_signal};
 
