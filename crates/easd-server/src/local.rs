@@ -8,6 +8,7 @@ use std::sync::Arc;
 use easd_core::EasdParams;
 
 use crate::coordinator::ModeKind;
+use crate::coordinator::request::RequestDefaults;
 use easd_model::{LoadOptions, Model, Tokenizer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -47,6 +48,18 @@ impl Default for LocalOptions {
             default_k: crate::coordinator::request::DEFAULT_BLOCK_SIZE,
             coordinator_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
+        }
+    }
+}
+
+impl LocalOptions {
+    /// What the stack's coordinator gives requests that leave fields unset.
+    pub fn request_defaults(&self) -> RequestDefaults {
+        RequestDefaults {
+            easd: self.default_easd.clone(),
+            mode: self.default_mode,
+            k: self.default_k,
+            pipeline: self.pipeline,
         }
     }
 }
