@@ -192,7 +192,7 @@ pub fn check_fields(req: &pb::GenerateRequest, defaults: &RequestDefaults) -> Re
         None if req.mode == pb::Mode::Unspecified as i32 => defaults.mode,
         None => return Err(ServerError::invalid("mode", format!("unknown mode {}", req.mode))),
     };
-    let easd = easd_params(req.easd.clone().unwrap_or_default(), &defaults.easd)?;
+    let easd = easd_params(req.easd.unwrap_or_default(), &defaults.easd)?;
     let mode = kind.to_mode(&easd);
 
     let k = req.k.map_or(defaults.k, |k| k as usize);
