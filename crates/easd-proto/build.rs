@@ -7,6 +7,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile([&file], [proto_root])?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("easd_descriptor.bin"), prost::Message::encode_to_vec(&descriptors))?;
-    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(descriptors)?;
+    // Undecodable requests are INVALID_ARGUMENT, not tonic-prost's INTERNAL (src/codec.rs).
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .codec_path("crate::codec::EasdCodec")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -118,6 +118,18 @@ def test_an_invalid_temperature_is_a_400_naming_the_field(client, model):
     assert e.value.param == "temperature"
 
 
+def test_a_prompt_longer_than_the_context_is_context_length_exceeded(client, model):
+    # The tiny models' context window is 512 tokens.
+    long = " ".join(str(i) for i in range(400))
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, model, messages=[{"role": "user", "content": long}])
+    assert e.value.status_code == 400
+    assert e.value.code == "context_length_exceeded"
+    assert e.value.param == "messages"
+    assert e.value.body["type"] == "invalid_request_error"
+    assert "max_tokens is 24" in e.value.message and "context length of 512 tokens" in e.value.message
+
+
 def test_more_than_one_choice_is_refused_clearly(client, model):
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, model, n=2)

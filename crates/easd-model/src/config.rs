@@ -48,6 +48,12 @@ impl std::fmt::Display for Architecture {
     }
 }
 
+/// The context length a GGUF file declares, from its metadata alone (no weights are read): what a request can be
+/// checked against before a model loads.
+pub fn context_length_of(path: &std::path::Path) -> Result<usize> {
+    Ok(ModelConfig::from_gguf(&crate::gguf::GgufFile::metadata_only(path)?)?.context_length)
+}
+
 /// Shapes and constants of one model.
 #[derive(Clone, Debug)]
 pub(crate) struct ModelConfig {

@@ -33,7 +33,7 @@ pub mod tiny;
 mod tokenizer;
 
 pub use candle_core::Device;
-pub use config::Architecture;
+pub use config::{Architecture, context_length_of};
 pub use error::{Error, Result};
 pub use generate::{BlockAgreement, block_agreement, greedy_generate};
 pub use hub::{HubFile, HubSettings};

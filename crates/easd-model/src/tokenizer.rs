@@ -42,6 +42,11 @@ pub struct Tokenizer {
     chat: Option<minijinja::Environment<'static>>,
     bos_text: String,
     eos_text: String,
+    /// Bytes of the longest token, special tokens included (at least 1).
+    longest_token_bytes: usize,
+    /// Whether every byte has its own byte-level token, so that BPE never needs an unknown token: then each token
+    /// covers at least one and at most `longest_token_bytes` bytes of the text ([`Tokenizer::tokens_exceed`]).
+    covers_all_bytes: bool,
 }
 
 impl Tokenizer {
@@ -93,6 +98,15 @@ impl Tokenizer {
             })
             .collect();
 
+        let longest_token_bytes = token_bytes.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let byte_tokens: std::collections::HashSet<&str> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| !is_literal_type(**ty) && t.chars().count() == 1)
+            .map(|(t, _)| *t)
+            .collect();
+        let covers_all_bytes = byte_encoder().iter().all(|c| byte_tokens.contains(c.encode_utf8(&mut [0; 4]) as &str));
+
         let bos = meta.opt_usize("tokenizer.ggml.bos_token_id")?;
         let eos = meta.opt_usize("tokenizer.ggml.eos_token_id")?;
         let text_of = |id: Option<usize>| id.and_then(|i| tokens.get(i)).map(|s| s.to_string()).unwrap_or_default();
@@ -137,6 +151,8 @@ impl Tokenizer {
             chat,
             bos_text: text_of(bos),
             eos_text: text_of(eos),
+            longest_token_bytes,
+            covers_all_bytes,
         })
     }
 
@@ -146,6 +162,37 @@ impl Tokenizer {
         let enc =
             self.inner.encode(text, true).map_err(|e| Error::Tokenizer { context: "encoding".into(), source: e })?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Shows, without running BPE, that `text` encodes to more than `budget` tokens: returns a lower bound on its
+    /// token count when that bound exceeds `budget`, `None` when it does not (or cannot be shown cheaply).
+    ///
+    /// Why the bound is sound: encoding splits out the special tokens written in the text (one token each),
+    /// normalizes the rest (NFC for qwen2) and runs byte-level BPE on it, where every token stands for at least one
+    /// and at most [`Tokenizer::longest_token_bytes`] bytes of the normalized text, the pre-tokenizer only ever
+    /// adds bytes (a prefix space) and a BOS only adds a token. So `tokens ≥ ⌈normalized bytes / longest⌉`. This
+    /// computes exactly that text (the tokenizer's own special-token split and normalizer), skipping the BPE merges
+    /// that dominate the cost. Vocabularies without a token for every byte could fold unknown runs into one token:
+    /// no bound is claimed for them. Texts whose raw length cannot reach the budget are not normalized at all:
+    /// NFC at most triples the UTF-8 length (UAX #15), so `⌈3 × raw bytes / longest⌉ ≤ budget` rules an
+    /// overflow out.
+    pub fn tokens_exceed(&self, text: &str, budget: usize) -> Option<usize> {
+        use tokenizers::{OffsetReferential, OffsetType};
+        if !self.covers_all_bytes || text.len().saturating_mul(3).div_ceil(self.longest_token_bytes) <= budget {
+            return None;
+        }
+        let split = self.inner.get_added_vocabulary().extract_and_normalize(self.inner.get_normalizer(), text);
+        let bytes: usize = split
+            .get_splits(OffsetReferential::Normalized, OffsetType::None)
+            .iter()
+            .map(|(piece, _, _)| piece.len())
+            .sum();
+        Some(bytes.div_ceil(self.longest_token_bytes)).filter(|&tokens| tokens > budget)
+    }
+
+    /// Bytes of the vocabulary's longest token (special tokens included).
+    pub fn longest_token_bytes(&self) -> usize {
+        self.longest_token_bytes
     }
 
     /// The text of `ids`, special tokens included; invalid UTF-8 becomes U+FFFD.
@@ -401,6 +448,37 @@ mod tests {
         assert_eq!(a.fingerprint(), b.fingerprint());
         assert_ne!(a.fingerprint(), c.fingerprint());
         assert_eq!(a.fingerprint().len(), 64);
+    }
+
+    #[test]
+    fn the_token_lower_bound_never_exceeds_the_real_count() {
+        // Hangul jamo triples compose (NFC) into one 3-byte syllable: raw bytes overstate the normalized text 3x.
+        let jamo = "\u{1100}\u{1161}\u{11A8}".repeat(300);
+        let marks = "e\u{0301}a\u{0300}\u{0323}".repeat(200);
+        let specials = "<|im_start|>user\n<|im_end|>".repeat(100);
+        let words = " the model token def ment".repeat(200);
+        let long: Vec<String> = TRICKY.iter().filter(|t| !t.is_empty()).map(|t| t.repeat(50)).collect();
+        for spec in [TinySpec::qwen2(0), TinySpec::llama(0)] {
+            let t = tokenizer(&spec);
+            let longest = t.longest_token_bytes();
+            assert!(longest >= "<|endoftext|>".len(), "special tokens count: {longest}");
+            for text in [&jamo, &marks, &specials, &words].into_iter().chain(&long) {
+                let real = t.encode(text).unwrap().len();
+                // Budget 0 asks for the bound itself whenever it is positive.
+                let bound = t.tokens_exceed(text, 0);
+                assert!(bound.is_some_and(|b| b <= real), "{}: bound {bound:?} > {real} tokens", spec.architecture);
+                assert_eq!(t.tokens_exceed(text, real), None, "never claims more than the real count");
+            }
+            if spec.architecture == crate::Architecture::Qwen2 {
+                // The bound counts the composed text (a third of the raw bytes), as BPE sees it.
+                assert_eq!(t.tokens_exceed(&jamo, 0), Some((jamo.len() / 3).div_ceil(longest)));
+            }
+        }
+        // A prompt far beyond a budget is shown to exceed it; a short one is not even normalized.
+        let t = tokenizer(&TinySpec::qwen2(0));
+        let huge = "x".repeat(100_000);
+        assert!(t.tokens_exceed(&huge, 511).is_some_and(|b| b > 511 && b <= t.encode(&huge).unwrap().len()));
+        assert_eq!(t.tokens_exceed("short", 511), None);
     }
 
     #[test]

@@ -60,7 +60,7 @@ impl Error {
                 ServerError::InvalidArgument { field, .. } => {
                     (StatusCode::BAD_REQUEST, INVALID, None, Some(openai_field(field, *endpoint).into()))
                 }
-                ServerError::ContextOverflow { .. } => (
+                ServerError::ContextOverflow { .. } | ServerError::ContextLengthExceeded { .. } => (
                     StatusCode::BAD_REQUEST,
                     INVALID,
                     Some("context_length_exceeded"),
@@ -163,6 +163,19 @@ mod tests {
         let e = Error::server(ServerError::invalid("temperature", "must be in [0, 2], got 3"), Endpoint::Completions);
         assert_eq!(e.to_json()["error"]["param"], "temperature");
         assert_eq!(e.to_json()["error"]["message"], "invalid temperature: must be in [0, 2], got 3");
+    }
+
+    #[test]
+    fn a_prompt_too_long_for_the_context_is_context_length_exceeded_on_its_input_field() {
+        let prompt = easd_server::error::PromptLength::Tokens(700);
+        let error = || ServerError::ContextLengthExceeded { prompt, max_tokens: Some(24), limit: 512 };
+        let e = Error::server(error(), Endpoint::Chat);
+        let (status, kind, code, param) = e.classify();
+        assert_eq!(
+            (status, kind, code, param.as_deref()),
+            (StatusCode::BAD_REQUEST, "invalid_request_error", Some("context_length_exceeded"), Some("messages"))
+        );
+        assert_eq!(Error::server(error(), Endpoint::Completions).to_json()["error"]["param"], "prompt");
     }
 
     #[test]

@@ -110,8 +110,22 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// 200 while a draft worker and a verifier replica are in rotation, 503 saying which is missing otherwise.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
-    json_response(StatusCode::OK, &json!({ "status": "ok", "model": state.model_id }))
+    let readiness = state.coordinator.readiness();
+    let replicas = json!({
+        "draft": { "serving": readiness.drafts_serving, "known": readiness.drafts },
+        "verifier": { "serving": readiness.verifiers_serving, "known": readiness.verifiers },
+    });
+    match readiness.missing() {
+        None => {
+            json_response(StatusCode::OK, &json!({ "status": "ok", "model": state.model_id, "replicas": replicas }))
+        }
+        Some(missing) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "status": "unavailable", "model": state.model_id, "reason": missing, "replicas": replicas }),
+        ),
+    }
 }
 
 fn model_object(state: &AppState) -> Value {
@@ -172,11 +186,10 @@ async fn generate(
     // JSON number every client reads exactly: at most 2^53 - 1.
     generate.seed = generate.seed.or_else(|| Some(rand::random::<u64>() >> 11));
     let mut plan = state.coordinator.plan(generate).map_err(|e| match e {
-        // Chat without a limit is planned with one token: "max_tokens" would name a field the client never sent.
-        ServerError::InvalidArgument { field: "max_tokens", .. } if !parsed.max_tokens_set => Error::invalid(
-            "messages",
-            format!("the conversation does not fit the context window of {} tokens", state.context_length),
-        ),
+        // Chat without a limit is planned with one token: a max_tokens the client never sent is not reported.
+        ServerError::ContextLengthExceeded { prompt, limit, .. } if !parsed.max_tokens_set => {
+            Error::server(ServerError::ContextLengthExceeded { prompt, max_tokens: None, limit }, endpoint)
+        }
         other => Error::server(other, endpoint),
     })?;
     if !parsed.max_tokens_set && endpoint == Endpoint::Chat {

@@ -215,14 +215,32 @@ async fn invalid_requests_get_openai_error_objects_with_the_right_status() {
     assert_eq!((status, param.as_str()), (StatusCode::BAD_REQUEST, "messages"));
     // The tiny models' context window is 512 tokens; 2,000 characters of digits and spaces need more.
     let long: String = (0..400).map(|i| format!("{i} ")).collect();
-    let too_long = server.chat(json!({"messages": [{"role": "user", "content": long}]}));
+    let too_long = server.chat(json!({"messages": [{"role": "user", "content": long.clone()}]}));
     let mut unlimited = too_long.clone();
     unlimited.as_object_mut().unwrap().remove("max_tokens");
-    let (status, param, message) = error_of(post_json(unlimited).await);
-    assert_eq!((status, param.as_str()), (StatusCode::BAD_REQUEST, "messages"), "{message}");
-    assert!(message.contains("context window of 512 tokens"), "{message}");
-    let (status, param, _) = error_of(post_json(too_long).await);
-    assert_eq!((status, param.as_str()), (StatusCode::BAD_REQUEST, "max_tokens"));
+    // OpenAI's shape for a prompt that does not fit: 400, invalid_request_error, param messages, code
+    // context_length_exceeded, naming the prompt's tokens, the limit and (when sent) max_tokens.
+    for (body, max_tokens) in [(unlimited, None), (too_long, Some(24))] {
+        let (status, body) = post_json(body).await;
+        let e = &body["error"];
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!((e["type"].as_str(), e["param"].as_str()), (Some("invalid_request_error"), Some("messages")));
+        assert_eq!(e["code"], "context_length_exceeded");
+        let message = e["message"].as_str().unwrap();
+        assert!(message.contains("the prompt has ") && message.contains("context length of 512 tokens"), "{message}");
+        match max_tokens {
+            Some(m) => assert!(message.contains(&format!("max_tokens is {m}")), "{message}"),
+            None => {
+                assert!(message.contains("no room for a completion") && !message.contains("max_tokens"), "{message}")
+            }
+        }
+    }
+    let (status, body) = call(addr, "POST", "/v1/completions", token, {
+        json!({"model": server.model, "prompt": long, "max_tokens": 8}).to_string().into_bytes()
+    })
+    .await;
+    assert_eq!((status, body["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("prompt")), "{body}");
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
     let (status, param, _) = error_of(post_json(server.chat(json!({"model": "gpt-4"}))).await);
     assert_eq!((status, param.as_str()), (StatusCode::NOT_FOUND, "model"));
     let (status, _, message) = error_of(call(addr, "POST", "/v1/chat/completions", token, b"{".to_vec()).await);
@@ -282,6 +300,46 @@ async fn a_client_leaving_mid_stream_frees_the_session_on_draft_and_verifier() {
     .await
     .expect("the sessions are released once the client is gone");
     server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_naming_what_is_missing_when_the_workers_are_gone() {
+    let workers = start(HttpConfig::default()).await;
+    let mut config =
+        easd_server::CoordinatorConfig::new(workers.stack.draft_url.clone(), workers.stack.verifier_urls.clone());
+    config.pool.health_interval = Duration::from_millis(100);
+    let tokenizer = workers.stack.coordinator.tokenizer().clone();
+    let coordinator = easd_server::Coordinator::connect(config, tokenizer).await.unwrap();
+    let app = easd_openai::router(coordinator, HttpConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (status, health) = get(addr, "/health", None).await;
+    assert_eq!((status, health["status"].as_str()), (StatusCode::OK, Some("ok")), "{health}");
+    assert_eq!(health["replicas"]["verifier"], json!({"serving": 1, "known": 1}));
+    workers.shutdown().await;
+
+    // The pools notice at their next health check (every 100 ms here).
+    let health = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let (status, health) = get(addr, "/health", None).await;
+            let reason = health["reason"].as_str().unwrap_or_default();
+            if reason.contains("draft") && reason.contains("verifier") {
+                assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+                return health;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("/health turns 503 naming both once the workers are gone");
+    assert_eq!(health["status"], "unavailable");
+    let reason = health["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("no draft worker is serving") && reason.contains("no verifier replica is serving"),
+        "{reason}"
+    );
+    assert_eq!(health["replicas"]["draft"], json!({"serving": 0, "known": 1}));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,5 +8,7 @@ pub mod v1 {
     tonic::include_proto!("easd.v1");
 }
 
+pub mod codec;
+
 /// Encoded `FileDescriptorSet` of the contract, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/easd_descriptor.bin"));

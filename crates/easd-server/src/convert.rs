@@ -4,6 +4,7 @@ use easd_core::{DraftToken, Penalty, SamplingParams, SparseDist, TargetPosition}
 use easd_proto::v1 as pb;
 
 use crate::error::ServerError;
+use crate::limits::MAX_PROPOSAL_SUPPORT;
 
 pub fn sampling_from_pb(s: Option<&pb::SamplingParams>) -> Result<(SamplingParams, u64), ServerError> {
     let s = s.ok_or_else(|| ServerError::invalid("sampling", "is required"))?;
@@ -20,6 +21,12 @@ pub fn sparse_from_pb(d: Option<&pb::SparseDist>, field: &'static str) -> Result
     let d = d.ok_or_else(|| ServerError::invalid(field, "is required"))?;
     if d.ids.len() != d.probs.len() || d.ids.is_empty() {
         return Err(ServerError::invalid(field, "ids and probs must be non-empty and of equal length"));
+    }
+    if d.ids.len() > MAX_PROPOSAL_SUPPORT {
+        return Err(ServerError::invalid(
+            field,
+            format!("at most {MAX_PROPOSAL_SUPPORT} entries, got {}", d.ids.len()),
+        ));
     }
     if d.probs.iter().any(|p| !p.is_finite() || *p < 0.0) {
         return Err(ServerError::invalid(field, "probabilities must be finite and non-negative"));

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::batcher::{Job, Round, Ticket};
 use crate::convert::{draft_token_to_pb, sampling_from_pb};
 use crate::error::ServerError;
+use crate::limits::MAX_PROPOSAL_SUPPORT;
 use crate::sessions::{Claim, WorkerSession};
 use crate::worker::Worker;
 
@@ -50,6 +51,10 @@ impl Draft for DraftService {
         }
         let (params, seed) = sampling_from_pb(req.sampling.as_ref())?;
         let support = if req.proposal_support == 0 { DEFAULT_K_Q } else { req.proposal_support as usize };
+        if support > MAX_PROPOSAL_SUPPORT {
+            let reason = format!("must be in 0..={MAX_PROPOSAL_SUPPORT}, got {support}");
+            return Err(ServerError::invalid("proposal_support", reason).into());
+        }
         let top_n = req.top_n.max(1) as usize;
         // The last proposal is never fed back, hence count - 1.
         let (session, claim) = self.worker.open_session(

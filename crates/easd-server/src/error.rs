@@ -18,6 +18,10 @@ pub enum ServerError {
     PrefixMismatch { session: String, claimed_len: usize, held_len: usize },
     #[error("context overflow: {needed} tokens needed, the model's context length is {limit}")]
     ContextOverflow { needed: usize, limit: usize },
+    /// A request's prompt and completion do not fit the context window. `max_tokens` is what the client asked for
+    /// (`None`: it set no limit, and the completion needs at least one token).
+    #[error("{}", context_length_exceeded(*prompt, *max_tokens, *limit))]
+    ContextLengthExceeded { prompt: PromptLength, max_tokens: Option<usize>, limit: usize },
     #[error("incompatible models: {0}")]
     Incompatible(String),
     #[error("{0}")]
@@ -41,7 +45,9 @@ impl ServerError {
 
     pub fn code(&self) -> Code {
         match self {
-            Self::InvalidArgument { .. } | Self::ContextOverflow { .. } => Code::InvalidArgument,
+            Self::InvalidArgument { .. } | Self::ContextOverflow { .. } | Self::ContextLengthExceeded { .. } => {
+                Code::InvalidArgument
+            }
             Self::SessionNotFound(_) => Code::NotFound,
             Self::PrefixMismatch { .. } | Self::Incompatible(_) => Code::FailedPrecondition,
             Self::Unavailable(_) => Code::Unavailable,
@@ -58,15 +64,46 @@ impl ServerError {
             Self::SessionNotFound(_) => pb::ErrorReason::SessionNotFound,
             Self::PrefixMismatch { .. } => pb::ErrorReason::PrefixMismatch,
             Self::Incompatible(_) => pb::ErrorReason::IncompatibleModels,
+            Self::ContextOverflow { .. } | Self::ContextLengthExceeded { .. } => pb::ErrorReason::ContextLengthExceeded,
             Self::Worker(status) => error_reason(status),
             Self::InvalidArgument { .. }
-            | Self::ContextOverflow { .. }
             | Self::Unavailable(_)
             | Self::DeadlineExceeded(_)
             | Self::ResourceExhausted(_)
             | Self::Model(_)
             | Self::Internal(_) => pb::ErrorReason::Unspecified,
         }
+    }
+}
+
+/// How long a prompt that does not fit is: counted, or shown to be too long from its size alone, before tokenizing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptLength {
+    Tokens(usize),
+    /// At least `tokens` tokens, bounded from its `bytes` (`easd_model::Tokenizer::tokens_exceed`).
+    AtLeast {
+        tokens: usize,
+        bytes: usize,
+    },
+}
+
+impl std::fmt::Display for PromptLength {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tokens(n) => write!(f, "{n} tokens"),
+            Self::AtLeast { tokens, bytes } => write!(f, "at least {tokens} tokens ({bytes} bytes)"),
+        }
+    }
+}
+
+fn context_length_exceeded(prompt: PromptLength, max_tokens: Option<usize>, limit: usize) -> String {
+    match max_tokens {
+        Some(m) => format!(
+            "context length exceeded: the prompt has {prompt} and max_tokens is {m}, more than the context length of {limit} tokens"
+        ),
+        None => format!(
+            "context length exceeded: the prompt has {prompt}, which leaves no room for a completion in the context length of {limit} tokens"
+        ),
     }
 }
 
@@ -120,6 +157,22 @@ mod tests {
         assert_eq!(incompatible.code(), Code::FailedPrecondition);
         assert_eq!(error_reason(&incompatible), pb::ErrorReason::IncompatibleModels);
         assert!(!is_session_lost(&incompatible));
+    }
+
+    #[test]
+    fn a_prompt_that_does_not_fit_names_its_length_the_limit_and_max_tokens() {
+        let e =
+            ServerError::ContextLengthExceeded { prompt: PromptLength::Tokens(700), max_tokens: Some(24), limit: 512 };
+        assert_eq!(
+            e.to_string(),
+            "context length exceeded: the prompt has 700 tokens and max_tokens is 24, more than the context length of 512 tokens"
+        );
+        let status: Status = e.into();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(error_reason(&status), pb::ErrorReason::ContextLengthExceeded);
+        let bounded = PromptLength::AtLeast { tokens: 9000, bytes: 117_000 };
+        let e = ServerError::ContextLengthExceeded { prompt: bounded, max_tokens: None, limit: 512 };
+        assert!(e.to_string().contains("at least 9000 tokens (117000 bytes), which leaves no room"), "{e}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod coordinator;
 pub mod draft;
 pub mod error;
+pub mod limits;
 pub mod local;
 pub mod prefix;
 pub mod serve;

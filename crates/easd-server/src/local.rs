@@ -8,6 +8,7 @@ use std::sync::Arc;
 use easd_core::EasdParams;
 
 use crate::coordinator::ModeKind;
+use crate::coordinator::request::RequestDefaults;
 use easd_model::{LoadOptions, Model, Tokenizer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -67,6 +68,18 @@ impl PairLoadOptions {
     /// Both models loaded the same way.
     pub fn both(load: LoadOptions) -> Self {
         Self { draft: load.clone(), target: load }
+    }
+}
+
+impl LocalOptions {
+    /// What the stack's coordinator gives requests that leave fields unset.
+    pub fn request_defaults(&self) -> RequestDefaults {
+        RequestDefaults {
+            easd: self.default_easd.clone(),
+            mode: self.default_mode,
+            k: self.default_k,
+            pipeline: self.pipeline,
+        }
     }
 }
 

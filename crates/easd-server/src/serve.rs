@@ -6,14 +6,24 @@ use std::sync::Arc;
 use easd_proto::v1::{
     coordinator_server::CoordinatorServer, draft_server::DraftServer, verifier_server::VerifierServer,
 };
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::service::Interceptor;
-use tonic::transport::{Server, ServerTlsConfig};
-use tonic::{Request, Status};
 
-use crate::coordinator::{Coordinator, CoordinatorService};
+use easd_telemetry::CoordinatorMetrics;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Server, ServerTlsConfig};
+use tonic::{Code, Request, Status};
+use tonic_health::ServingStatus;
+
+use crate::coordinator::{Coordinator, CoordinatorService, Counted, Readiness, code_name};
 use crate::draft::DraftService;
+use crate::limits;
 use crate::verifier::VerifierService;
 use crate::worker::Worker;
 
@@ -68,9 +78,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Messages carry at most a block of sparse summaries; prompts are the largest thing sent.
-const MAX_MESSAGE_BYTES: usize = 64 << 20;
-
 fn reflection()
 -> tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection> {
     tonic_reflection::server::Builder::configure()
@@ -117,7 +124,8 @@ pub async fn serve_draft(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     worker.spawn_idle_sweeper();
-    let service = DraftServer::new(DraftService::new(worker)).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let max_message = worker_max_message(&worker);
+    let service = DraftServer::new(DraftService::new(worker)).max_decoding_message_size(max_message);
     serve_with_standard_services(listener, service, options, shutdown).await
 }
 
@@ -128,7 +136,8 @@ pub async fn serve_verifier(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     worker.spawn_idle_sweeper();
-    let service = VerifierServer::new(VerifierService::new(worker)).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let max_message = worker_max_message(&worker);
+    let service = VerifierServer::new(VerifierService::new(worker)).max_decoding_message_size(max_message);
     serve_with_standard_services(listener, service, options, shutdown).await
 }
 
@@ -139,16 +148,117 @@ pub async fn serve_coordinator(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let auth = BearerAuth { expected: options.api_token.clone() };
+    let max_message = limits::coordinator_max_message_bytes(
+        coordinator.context_length(),
+        coordinator.tokenizer().longest_token_bytes(),
+    );
+    tracing::info!(max_message, "largest Generate request decoded (bytes)");
+    let metrics = coordinator.metrics().clone();
     let service =
-        CoordinatorServer::new(CoordinatorService::new(coordinator)).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        CoordinatorServer::new(CoordinatorService::new(coordinator.clone())).max_decoding_message_size(max_message);
+    let service = CountRefused { inner: InterceptedService::new(service, auth), metrics };
     // The interceptor changes the response body type, so this one is wired by hand.
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<CoordinatorServer<CoordinatorService>>().await;
-    options
+    let readiness = tokio::spawn(report_readiness(coordinator, reporter));
+    let served = options
         .builder()?
         .add_service(health)
         .add_service(reflection())
-        .add_service(tonic::service::interceptor::InterceptedService::new(service, auth))
+        .add_service(service)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
+        .await;
+    readiness.abort();
+    served
 }
+
+/// The largest request a worker decodes: see [`limits::worker_max_message_bytes`].
+fn worker_max_message(worker: &Worker) -> usize {
+    let max_message = limits::worker_max_message_bytes(worker.model.info().context_length);
+    tracing::info!(role = worker.role, max_message, "largest request decoded (bytes)");
+    max_message
+}
+
+/// Keeps the coordinator's health status (the whole server, `""`, and `easd.v1.Coordinator`) equal to its readiness:
+/// SERVING while a draft worker and a verifier replica are in rotation, NOT_SERVING otherwise. Checked at the pools'
+/// health interval (at most every second), which is when their view of the replicas changes.
+async fn report_readiness(coordinator: Arc<Coordinator>, reporter: tonic_health::server::HealthReporter) {
+    let period =
+        coordinator.verifier_pool().config.health_interval.clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        tick.tick().await;
+        let readiness = coordinator.readiness();
+        if last == Some(readiness) {
+            continue;
+        }
+        let status = match readiness.missing() {
+            None => ServingStatus::Serving,
+            Some(missing) => {
+                tracing::warn!(%missing, "coordinator not ready");
+                ServingStatus::NotServing
+            }
+        };
+        if last.is_none_or(|l: Readiness| l.is_ready() != readiness.is_ready()) {
+            tracing::info!(?status, "coordinator health");
+        }
+        reporter.set_service_status("", status).await;
+        reporter.set_service_status(COORDINATOR_SERVICE, status).await;
+        last = Some(readiness);
+    }
+}
+
+const COORDINATOR_SERVICE: &str = <CoordinatorServer<CoordinatorService> as NamedService>::NAME;
+
+/// Counts `Generate` calls refused before the handler ran — a message that does not decode or is too large, a
+/// missing bearer token — in the coordinator's `requests` counter under mode `unknown`; the handler counts all
+/// others ([`Counted`]).
+#[derive(Clone)]
+struct CountRefused<S> {
+    inner: S,
+    metrics: CoordinatorMetrics,
+}
+
+impl<S: NamedService> NamedService for CountRefused<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<tonic::body::Body>> for CountRefused<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<B>, Error = Infallible>,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<B>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        let counted = (request.uri().path() == GENERATE_PATH).then(Counted::default);
+        if let Some(counted) = &counted {
+            request.extensions_mut().insert(counted.clone());
+        }
+        let response = self.inner.call(request);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let response = response.await?;
+            if let Some(counted) = counted
+                && !counted.is_set()
+            {
+                // Refused before the handler: the status is in the headers (a trailers-only response).
+                let code = response.headers().get("grpc-status").and_then(|v| v.to_str().ok()?.parse::<i32>().ok());
+                if let Some(code) = code.map(Code::from).filter(|&c| c != Code::Ok) {
+                    metrics.record_request("unknown", code_name(code));
+                }
+            }
+            Ok(response)
+        })
+    }
+}
+
+const GENERATE_PATH: &str = "/easd.v1.Coordinator/Generate";

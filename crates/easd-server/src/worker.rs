@@ -92,9 +92,7 @@ impl Worker {
         full_context: bool,
         extra: usize,
     ) -> Result<(SharedSession, Claim), ServerError> {
-        if session_id.is_empty() {
-            return Err(ServerError::invalid("session_id", "must not be empty"));
-        }
+        crate::limits::validate_id("session_id", session_id)?;
         if new_tokens.is_empty() {
             return Err(ServerError::invalid(
                 "new_tokens",

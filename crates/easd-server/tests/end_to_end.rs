@@ -337,6 +337,9 @@ async fn every_invalid_field_is_rejected_with_its_name() {
             },
         ),
         ("stop", pb::GenerateRequest { stop: vec![String::new()], ..base() }),
+        ("stop", pb::GenerateRequest { stop: vec!["s".repeat(1025)], ..base() }),
+        ("request_id", pb::GenerateRequest { request_id: "r".repeat(129), ..base() }),
+        ("request_id", pb::GenerateRequest { request_id: "line\nbreak".into(), ..base() }),
         ("logprobs", pb::GenerateRequest { logprobs: 21, ..base() }),
         ("logprobs", pb::GenerateRequest { logprobs: 2, mode: pb::Mode::Draft as i32, ..base() }),
     ];

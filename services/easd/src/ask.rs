@@ -5,6 +5,7 @@ use std::io::Write;
 use anyhow::Context;
 use easd_proto::v1::{self as pb, coordinator_client::CoordinatorClient, generate_request::Input};
 use easd_server::coordinator::ModeKind;
+use easd_server::coordinator::request::check_fields;
 use easd_server::local::LocalOptions;
 use serde_json::json;
 
@@ -20,21 +21,21 @@ pub enum OrderArg {
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct EasdArgs {
     /// N of the top-N overlap.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_n: Option<u32>,
     /// Overlap threshold ρ in [0, 1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rho: Option<f32>,
     /// Draft entropy threshold τ_draft (nats).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub tau_draft: Option<f32>,
     /// Target entropy threshold τ_target (nats).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub tau_target: Option<f32>,
     #[arg(long, value_enum)]
     pub order: Option<OrderArg>,
     /// Scale p(x) by this α in [0, 1) instead of masking the rejected token.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub penalty_alpha: Option<f32>,
 }
 
@@ -68,22 +69,22 @@ pub struct AskArgs {
     /// Coordinator URL; without it the whole stack starts in this process.
     #[arg(long)]
     pub coordinator: Option<String>,
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, allow_negative_numbers = true)]
     pub max_tokens: u32,
     /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_k: Option<u32>,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Block size: tokens drafted per step.
-    #[arg(short = 'k', long, default_value_t = 4)]
+    #[arg(short = 'k', long, default_value_t = 4, allow_negative_numbers = true)]
     pub k: u32,
     /// Log probabilities of the top N alternatives per token (0-20).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub logprobs: u32,
     /// Stop string (repeatable).
     #[arg(long)]
@@ -131,7 +132,15 @@ pub async fn run(args: AskArgs) -> anyhow::Result<()> {
     let (url, stack) = match &args.coordinator {
         Some(url) => (url.clone(), None),
         None => {
-            let stack = args.local.start(LocalOptions::default()).await?;
+            // The coordinator's own validation, before any model loads: first every field that needs no model (before
+            // the default pair is even resolved, which may download or checksum it), then the prompt against the
+            // models' tokenizer and context window, read from their metadata.
+            let opts = LocalOptions::default();
+            let request = args.request();
+            check_fields(&request, &opts.request_defaults())?;
+            let files = args.local.resolve()?;
+            files.check(&request, &opts.request_defaults())?;
+            let stack = args.local.start_with(&files, opts).await?;
             (stack.coordinator_url.clone(), Some(stack))
         }
     };

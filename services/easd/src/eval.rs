@@ -33,18 +33,18 @@ pub struct RunArgs {
     /// Requests in flight at once (1 gives clean per-request wall-clock figures).
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub top_k: u32,
     /// Base seed; problem i uses seed + i in every mode.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub seed: u64,
-    #[arg(short = 'k', long, default_value_t = 4)]
+    #[arg(short = 'k', long, default_value_t = 4, allow_negative_numbers = true)]
     pub k: u32,
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, allow_negative_numbers = true)]
     pub max_tokens: u32,
     /// Calibration file: its entropy distribution goes into the report's entropy plot.
     #[arg(long)]
@@ -247,10 +247,10 @@ pub struct CalibrateArgs {
     #[arg(long, default_value_t = 100)]
     pub questions: usize,
     /// Percentile of each model's entropy distribution recommended as τ.
-    #[arg(long, default_value_t = 90.0)]
+    #[arg(long, default_value_t = 90.0, allow_negative_numbers = true)]
     pub percentile: f64,
     /// The evaluation temperature (entropies are measured at it; 0 means greedy, measured at 1).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

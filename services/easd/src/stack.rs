@@ -4,8 +4,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use easd_model::{LoadOptions, ModelSources, parse_device, resolve_model};
+use easd_model::{LoadOptions, ModelSources, Tokenizer, context_length_of, parse_device, resolve_model};
+use easd_proto::v1 as pb;
 use easd_server::BatchOptions;
+use easd_server::coordinator::request::{PlanContext, RequestDefaults, plan};
 use easd_server::local::{LocalOptions, LocalStack, PairLoadOptions};
 
 /// Which models to run locally and how.
@@ -46,18 +48,47 @@ pub struct LocalArgs {
 impl LocalArgs {
     /// Resolves (pulling the default pair if missing), loads and starts draft, verifier(s) and coordinator.
     pub async fn start(&self, opts: LocalOptions) -> anyhow::Result<LocalStack> {
+        let files = self.resolve()?;
+        self.start_with(&files, opts).await
+    }
+
+    /// The draft and target GGUF files, pulled first when they are the default pair and missing.
+    pub fn resolve(&self) -> anyhow::Result<ModelFiles> {
         let sources = ModelSources::from_env(self.models_dir.clone());
         let draft = resolve_model(&self.draft_model, &sources, true).context("resolving the draft model")?;
         let target = resolve_model(&self.target_model, &sources, true).context("resolving the target model")?;
+        Ok(ModelFiles { draft, target })
+    }
+
+    /// Loads the resolved models and starts draft, verifier(s) and coordinator.
+    pub async fn start_with(&self, files: &ModelFiles, opts: LocalOptions) -> anyhow::Result<LocalStack> {
         easd_model::set_threads(self.threads)?;
         let load = self.devices.load_options(self.requantize)?;
-        eprintln!("loading {} and {} …", draft.display(), target.display());
+        eprintln!("loading {} and {} …", files.draft.display(), files.target.display());
         let window = Duration::try_from_secs_f64(self.batch_window_ms / 1000.0).map_err(|_| {
             anyhow::anyhow!("--batch-window-ms must be a finite number ≥ 0, got {}", self.batch_window_ms)
         })?;
         let batch = BatchOptions { window, max_rows: self.batch_max_rows as usize, ..opts.batch };
         let opts = LocalOptions { verifier_replicas: self.verifiers, batch, ..opts };
-        LocalStack::start_from_files(&draft, &target, &load, opts).await.context("starting the local stack")
+        LocalStack::start_from_files(&files.draft, &files.target, &load, opts).await.context("starting the local stack")
+    }
+}
+
+/// The two model files of a local stack.
+pub struct ModelFiles {
+    pub draft: PathBuf,
+    pub target: PathBuf,
+}
+
+impl ModelFiles {
+    /// Validates `request` exactly as the coordinator of a stack over these files will (`plan`: the target's
+    /// tokenizer and chat template, the smaller context window), reading only the files' metadata: a request that
+    /// would be refused is refused before any weights load.
+    pub fn check(&self, request: &pb::GenerateRequest, defaults: &RequestDefaults) -> anyhow::Result<()> {
+        let tokenizer = Tokenizer::from_gguf_file(&self.target).context("reading the target's tokenizer")?;
+        let context_length = context_length_of(&self.draft)?.min(context_length_of(&self.target)?);
+        plan(request.clone(), &PlanContext { tokenizer: &tokenizer, context_length, defaults })?;
+        Ok(())
     }
 }
 

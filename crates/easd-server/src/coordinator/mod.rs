@@ -31,7 +31,7 @@ use generation::Generation;
 use pinned::PinnedWorker;
 use pool::{Pool, PoolConfig, Role};
 pub use request::ModeKind;
-use request::{DEFAULT_BLOCK_SIZE, Plan, PlanContext, easd_params_to_pb, plan, requested_mode_name};
+use request::{DEFAULT_BLOCK_SIZE, Plan, PlanContext, RequestDefaults, easd_params_to_pb, plan, requested_mode_name};
 use sides::{GrpcDraft, GrpcVerifier};
 
 #[derive(Clone, Debug)]
@@ -76,10 +76,7 @@ pub struct Coordinator {
     verifiers: Arc<Pool>,
     tokenizer: Arc<Tokenizer>,
     context_length: usize,
-    default_easd: EasdParams,
-    default_mode: ModeKind,
-    default_k: usize,
-    pipeline: bool,
+    defaults: RequestDefaults,
     draft_info: pb::ModelInfo,
     verifier_infos: Vec<pb::ModelInfo>,
     metrics: CoordinatorMetrics,
@@ -124,10 +121,12 @@ impl Coordinator {
             verifiers,
             tokenizer,
             context_length,
-            default_easd: config.default_easd,
-            default_mode: config.default_mode,
-            default_k: config.default_k,
-            pipeline: config.pipeline,
+            defaults: RequestDefaults {
+                easd: config.default_easd,
+                mode: config.default_mode,
+                k: config.default_k,
+                pipeline: config.pipeline,
+            },
             draft_info: draft_infos[0].clone(),
             verifier_infos,
             metrics,
@@ -147,6 +146,22 @@ impl Coordinator {
         &self.tokenizer
     }
 
+    /// The smallest context window among the workers: what requests are planned against.
+    pub fn context_length(&self) -> usize {
+        self.context_length
+    }
+
+    /// Whether a draft worker and at least one verifier replica are in rotation (what health checks report).
+    pub fn readiness(&self) -> Readiness {
+        let count = |pool: &Pool| {
+            let replicas = pool.replicas();
+            (replicas.iter().filter(|r| r.is_healthy()).count(), replicas.len())
+        };
+        let (drafts_serving, drafts) = count(&self.drafts);
+        let (verifiers_serving, verifiers) = count(&self.verifiers);
+        Readiness { drafts_serving, drafts, verifiers_serving, verifiers }
+    }
+
     /// The coordinator's metrics (serve `metrics().registry()` to expose them).
     pub fn metrics(&self) -> &CoordinatorMetrics {
         &self.metrics
@@ -156,7 +171,7 @@ impl Coordinator {
         pb::CoordinatorInfo {
             draft: Some(self.draft_info.clone()),
             verifiers: self.verifier_infos.clone(),
-            default_easd: Some(easd_params_to_pb(&self.default_easd)),
+            default_easd: Some(easd_params_to_pb(&self.defaults.easd)),
             replicas: [&self.drafts, &self.verifiers]
                 .into_iter()
                 .flat_map(|pool| {
@@ -173,15 +188,9 @@ impl Coordinator {
 
     /// Validates a request (all errors before any work); a refused request is counted as finished.
     pub fn plan(&self, req: pb::GenerateRequest) -> Result<Plan, ServerError> {
-        let ctx = PlanContext {
-            tokenizer: &self.tokenizer,
-            context_length: self.context_length,
-            default_easd: &self.default_easd,
-            default_mode: self.default_mode,
-            default_k: self.default_k,
-            default_pipeline: self.pipeline,
-        };
-        let mode = requested_mode_name(req.mode, self.default_mode);
+        let ctx =
+            PlanContext { tokenizer: &self.tokenizer, context_length: self.context_length, defaults: &self.defaults };
+        let mode = requested_mode_name(req.mode, self.defaults.mode);
         plan(req, &ctx).inspect_err(|e| self.metrics.record_request(mode, code_name(e.code())))
     }
 
@@ -223,8 +232,53 @@ impl Coordinator {
     }
 }
 
+/// How many draft workers and verifier replicas are in rotation, of how many known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    pub drafts_serving: usize,
+    pub drafts: usize,
+    pub verifiers_serving: usize,
+    pub verifiers: usize,
+}
+
+impl Readiness {
+    /// Ready to serve every mode: a draft worker and a verifier replica are in rotation.
+    pub fn is_ready(&self) -> bool {
+        self.drafts_serving > 0 && self.verifiers_serving > 0
+    }
+
+    /// What is missing, for health responses; `None` when ready.
+    pub fn missing(&self) -> Option<String> {
+        let draft = (self.drafts_serving == 0)
+            .then(|| format!("no draft worker is serving ({} of {} healthy)", self.drafts_serving, self.drafts));
+        let verifier = (self.verifiers_serving == 0).then(|| {
+            format!("no verifier replica is serving ({} of {} healthy)", self.verifiers_serving, self.verifiers)
+        });
+        match (draft, verifier) {
+            (None, None) => None,
+            (Some(one), None) | (None, Some(one)) => Some(one),
+            (Some(d), Some(v)) => Some(format!("{d}; {v}")),
+        }
+    }
+}
+
+/// Put in a `Generate` call's extensions by the server ([`crate::serve`]) and set once the handler has counted the
+/// request, so that requests refused before it (undecodable, too large, unauthenticated) are counted there.
+#[derive(Clone, Debug, Default)]
+pub struct Counted(Arc<std::sync::atomic::AtomicBool>);
+
+impl Counted {
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// The gRPC status code's name as a metric label (`ok` is the success label).
-fn code_name(code: tonic::Code) -> &'static str {
+pub fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code;
     match code {
         Code::Ok => "ok",
@@ -267,6 +321,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
     }
 
     async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+        // From here on this request is counted (refused by `plan`, or finished by `generate`).
+        if let Some(counted) = request.extensions().get::<Counted>() {
+            counted.set();
+        }
         let plan = self.coordinator.plan(request.into_inner())?;
         let (tx, rx) = mpsc::channel(64);
         let coordinator = self.coordinator.clone();

@@ -4,12 +4,14 @@ use easd_core::{EasdParams, MAX_BLOCK_SIZE, Mode, Order, Penalty, SamplingParams
 use easd_model::{ChatMessage, Tokenizer};
 use easd_proto::v1 as pb;
 
-use crate::error::ServerError;
+use crate::error::{PromptLength, ServerError};
+use crate::limits::validate_id;
 
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 pub const DEFAULT_BLOCK_SIZE: usize = 4;
 pub const MAX_LOGPROBS: usize = 20;
 pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_STRING_BYTES: usize = 1024;
 pub const MAX_TEMPERATURE: f32 = 2.0;
 
 /// A validated generation request.
@@ -110,60 +112,68 @@ pub fn requested_mode_name(mode: i32, default: ModeKind) -> &'static str {
     }
 }
 
+/// What a request that leaves a field unset gets.
+#[derive(Clone, Debug)]
+pub struct RequestDefaults {
+    pub easd: EasdParams,
+    pub mode: ModeKind,
+    pub k: usize,
+    pub pipeline: bool,
+}
+
+impl Default for RequestDefaults {
+    fn default() -> Self {
+        Self { easd: EasdParams::default(), mode: ModeKind::default(), k: DEFAULT_BLOCK_SIZE, pipeline: true }
+    }
+}
+
 /// Limits the coordinator knows from its workers, and its defaults for what a request leaves unset.
 pub struct PlanContext<'a> {
     pub tokenizer: &'a Tokenizer,
     pub context_length: usize,
-    pub default_easd: &'a EasdParams,
-    pub default_mode: ModeKind,
-    pub default_k: usize,
-    pub default_pipeline: bool,
+    pub defaults: &'a RequestDefaults,
 }
 
-pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, ServerError> {
-    let prompt_tokens = match req.input {
+/// Every field of a request checked except what needs the tokenizer (the prompt's length in tokens).
+#[derive(Clone, Debug)]
+pub struct CheckedFields {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub mode: Mode,
+    pub k: usize,
+    pub easd: EasdParams,
+    pub logprobs: usize,
+    pub pipeline: bool,
+}
+
+/// Checks every field that needs no model: what a client (the `easd` CLI) runs before loading any, and the first
+/// half of [`plan`]. Cheap checks come first, so a request with a bad field and a huge prompt fails at once.
+pub fn check_fields(req: &pb::GenerateRequest, defaults: &RequestDefaults) -> Result<CheckedFields, ServerError> {
+    match &req.input {
         None => return Err(ServerError::invalid("input", "one of prompt or chat is required")),
-        Some(pb::generate_request::Input::Prompt(text)) => {
-            if text.is_empty() {
-                return Err(ServerError::invalid("prompt", "must not be empty"));
-            }
-            ctx.tokenizer.encode(&text)?
+        Some(pb::generate_request::Input::Prompt(text)) if text.is_empty() => {
+            return Err(ServerError::invalid("prompt", "must not be empty"));
         }
+        Some(pb::generate_request::Input::Prompt(_)) => {}
         Some(pb::generate_request::Input::Chat(chat)) => {
             if chat.messages.is_empty() {
                 return Err(ServerError::invalid("chat.messages", "must hold at least one message"));
             }
-            let mut messages = Vec::with_capacity(chat.messages.len());
-            for m in chat.messages {
-                if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
-                    return Err(ServerError::invalid(
-                        "chat.messages.role",
-                        format!("must be one of system, user, assistant, tool; got {:?}", m.role),
-                    ));
-                }
-                messages.push(ChatMessage { role: m.role, content: m.content });
+            if let Some(m) =
+                chat.messages.iter().find(|m| !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool"))
+            {
+                let role: String = m.role.chars().take(32).collect();
+                return Err(ServerError::invalid(
+                    "chat.messages.role",
+                    format!("must be one of system, user, assistant, tool; got {role:?}"),
+                ));
             }
-            let text = ctx.tokenizer.apply_chat_template(&messages)?;
-            ctx.tokenizer.encode(&text)?
         }
-    };
-    if prompt_tokens.is_empty() {
-        return Err(ServerError::invalid("prompt", "encodes to no tokens"));
     }
 
     let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
     if max_tokens == 0 {
         return Err(ServerError::invalid("max_tokens", "must be at least 1"));
-    }
-    if prompt_tokens.len() + max_tokens > ctx.context_length {
-        return Err(ServerError::invalid(
-            "max_tokens",
-            format!(
-                "prompt ({} tokens) + max_tokens ({max_tokens}) exceeds the context length {}",
-                prompt_tokens.len(),
-                ctx.context_length
-            ),
-        ));
     }
 
     let temperature = req.temperature.unwrap_or(0.0);
@@ -179,13 +189,13 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
 
     let kind = match ModeKind::from_pb(req.mode) {
         Some(kind) => kind,
-        None if req.mode == pb::Mode::Unspecified as i32 => ctx.default_mode,
+        None if req.mode == pb::Mode::Unspecified as i32 => defaults.mode,
         None => return Err(ServerError::invalid("mode", format!("unknown mode {}", req.mode))),
     };
-    let easd = easd_params(req.easd.unwrap_or_default(), ctx.default_easd)?;
+    let easd = easd_params(req.easd.unwrap_or_default(), &defaults.easd)?;
     let mode = kind.to_mode(&easd);
 
-    let k = req.k.map_or(ctx.default_k, |k| k as usize);
+    let k = req.k.map_or(defaults.k, |k| k as usize);
     validate_block_size(k)
         .map_err(|_| ServerError::invalid("k", format!("must be in 1..={MAX_BLOCK_SIZE}, got {k}")))?;
 
@@ -198,6 +208,12 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
     if req.stop.iter().any(String::is_empty) {
         return Err(ServerError::invalid("stop", "stop strings must not be empty"));
     }
+    if let Some(long) = req.stop.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
+        return Err(ServerError::invalid(
+            "stop",
+            format!("each stop string is at most {MAX_STOP_STRING_BYTES} bytes, got one of {}", long.len()),
+        ));
+    }
 
     let logprobs = req.logprobs as usize;
     if logprobs > MAX_LOGPROBS {
@@ -207,19 +223,71 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
         return Err(ServerError::invalid("logprobs", "target log probabilities are not computed in draft mode"));
     }
 
+    if !req.request_id.is_empty() {
+        validate_id("request_id", &req.request_id)?;
+    }
+    Ok(CheckedFields {
+        max_tokens,
+        sampling,
+        mode,
+        k,
+        easd,
+        logprobs,
+        pipeline: req.pipeline.unwrap_or(defaults.pipeline),
+    })
+}
+
+/// Validates a request completely: its fields ([`check_fields`]), then its prompt against the context window.
+///
+/// A prompt is rejected before it is tokenized when its size alone shows that it cannot fit
+/// (`Tokenizer::tokens_exceed`), so a megabytes-long prompt costs a normalization pass, not a BPE run.
+pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, ServerError> {
+    let fields = check_fields(&req, ctx.defaults)?;
+    let limit = ctx.context_length;
+    let max_tokens = fields.max_tokens;
+    if max_tokens >= limit {
+        return Err(ServerError::invalid(
+            "max_tokens",
+            format!(
+                "must be less than the context length {limit} (the prompt needs at least one token), got {max_tokens}"
+            ),
+        ));
+    }
+    let text = match req.input {
+        Some(pb::generate_request::Input::Prompt(text)) => text,
+        Some(pb::generate_request::Input::Chat(chat)) => {
+            let messages: Vec<ChatMessage> =
+                chat.messages.into_iter().map(|m| ChatMessage { role: m.role, content: m.content }).collect();
+            ctx.tokenizer.apply_chat_template(&messages)?
+        }
+        None => return Err(ServerError::invalid("input", "one of prompt or chat is required")),
+    };
+    let budget = limit - max_tokens;
+    let too_long = |prompt| ServerError::ContextLengthExceeded { prompt, max_tokens: Some(max_tokens), limit };
+    if let Some(tokens) = ctx.tokenizer.tokens_exceed(&text, budget) {
+        return Err(too_long(PromptLength::AtLeast { tokens, bytes: text.len() }));
+    }
+    let prompt_tokens = ctx.tokenizer.encode(&text)?;
+    if prompt_tokens.is_empty() {
+        return Err(ServerError::invalid("prompt", "encodes to no tokens"));
+    }
+    if prompt_tokens.len() > budget {
+        return Err(too_long(PromptLength::Tokens(prompt_tokens.len())));
+    }
+
     let request_id = if req.request_id.is_empty() { new_id() } else { req.request_id };
     Ok(Plan {
         request_id,
         prompt_tokens,
         max_tokens,
-        sampling,
+        sampling: fields.sampling,
         seed: req.seed.unwrap_or_else(rand::random),
-        mode,
-        k,
-        easd,
+        mode: fields.mode,
+        k: fields.k,
+        easd: fields.easd,
         stop: req.stop,
-        logprobs,
-        pipeline: req.pipeline.unwrap_or(ctx.default_pipeline),
+        logprobs: fields.logprobs,
+        pipeline: fields.pipeline,
     })
 }
 
