@@ -29,14 +29,9 @@ mkdir -p "$out"
 for b in easd easd-draft easd-verifier easd-coordinator; do
   [ -x "$bin/$b" ] || { echo "missing $bin/$b: cargo build --release -p easd -p easd-services" >&2; exit 1; }
 done
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_healthy() {
-  for _ in $(seq 1 1200); do "$bin/easd" health "$1" >/dev/null 2>&1 && return 0; sleep 0.25; done
-  echo "$1 never became healthy (logs in $out)" >&2; exit 1
-}
+logs_at=$out
+# shellcheck source=scripts/bench-procs.sh
+source scripts/bench-procs.sh
 
 pipeline_flag=()
 [ -n "${PIPELINE:-}" ] && pipeline_flag=(--pipeline "$PIPELINE")

@@ -32,14 +32,9 @@ done
 nproc_all=$(nproc --all)
 [ "$nproc_all" -ge 2 ] || { echo "needs two cores" >&2; exit 1; }
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_healthy() {
-  for _ in $(seq 1 1200); do "$bin/easd" health "$1" >/dev/null 2>&1 && return 0; sleep 0.25; done
-  echo "$1 never became healthy (logs in $log)" >&2; exit 1
-}
+logs_at=$log
+# shellcheck source=scripts/bench-procs.sh
+source scripts/bench-procs.sh
 
 # The two "hosts": one core and one thread each.
 one_thread=(env EASD_THREADS=1 CANDLE_NUM_THREADS=1 RAYON_NUM_THREADS=1 OMP_NUM_THREADS=1 RUST_LOG=warn)
