@@ -24,25 +24,32 @@ impl EntropySamples {
         self.values.is_empty()
     }
 
-    /// The p-th percentile, p in [0, 100], interpolating linearly between the two nearest
-    /// ranks (rank = p/100 · (n − 1)). None when empty or p is outside [0, 100].
+    /// The p-th percentile by [`percentile_sorted`]. None when empty or p is outside [0, 100].
     pub fn percentile(&mut self, p: f64) -> Option<f32> {
-        if self.values.is_empty() || !(0.0..=100.0).contains(&p) {
-            return None;
-        }
         if !self.sorted {
             self.values.sort_unstable_by(f32::total_cmp);
             self.sorted = true;
         }
-        let rank = p / 100.0 * (self.values.len() - 1) as f64;
-        let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
-        let (a, b) = (self.values[lo] as f64, self.values[hi] as f64);
-        Some((a + (b - a) * (rank - lo as f64)) as f32)
+        percentile_sorted(&self.values, p).map(|v| v as f32)
     }
 
     pub fn mean(&self) -> Option<f64> {
         (!self.values.is_empty()).then(|| self.values.iter().map(|&v| v as f64).sum::<f64>() / self.values.len() as f64)
     }
+}
+
+/// The p-th percentile (p in [0, 100]) of ascending `sorted`, interpolating linearly between
+/// the two nearest ranks (rank = p/100 · (n − 1); numpy's default). None when empty or p is
+/// outside [0, 100]. The project's one percentile: calibration thresholds and evaluation
+/// statistics both use it.
+pub fn percentile_sorted<T: Copy + Into<f64>>(sorted: &[T], p: f64) -> Option<f64> {
+    if sorted.is_empty() || !(0.0..=100.0).contains(&p) {
+        return None;
+    }
+    let rank = p / 100.0 * (sorted.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    let (a, b) = (sorted[lo].into(), sorted[hi].into());
+    Some(a + (b - a) * (rank - lo as f64))
 }
 
 #[cfg(test)]
@@ -65,6 +72,20 @@ mod tests {
         assert_eq!(s.percentile(100.5), None);
         s.push(0.0);
         assert_eq!(s.percentile(0.0), Some(0.0));
+    }
+
+    #[test]
+    fn percentiles_of_sorted_slices_take_any_float_type() {
+        let v = [1.0f32, 2.0, 3.0, 4.0];
+        assert_eq!(percentile_sorted(&v, 50.0), Some(2.5));
+        assert_eq!(percentile_sorted(&v, 0.0), Some(1.0));
+        assert_eq!(percentile_sorted(&v, 100.0), Some(4.0));
+        // numpy.percentile([1, 2, 3, 4], 90) = 3.7
+        assert!((percentile_sorted(&v, 90.0).unwrap() - 3.7).abs() < 1e-12);
+        assert_eq!(percentile_sorted(&[2.0f64, 4.0, 8.0], 50.0), Some(4.0));
+        assert_eq!(percentile_sorted::<f64>(&[], 50.0), None);
+        assert_eq!(percentile_sorted(&v, 101.0), None);
+        assert_eq!(percentile_sorted(&v, -1.0), None);
     }
 
     #[test]

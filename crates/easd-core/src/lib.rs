@@ -47,7 +47,7 @@ mod verify;
 
 pub mod bench;
 
-pub use calibrate::EntropySamples;
+pub use calibrate::{EntropySamples, percentile_sorted};
 pub use dist::{SparseDist, argmax, entropy, overlap, top_n, transformed};
 pub use draft::{DEFAULT_K_Q, DraftToken, propose};
 pub use params::{
@@ -56,4 +56,4 @@ pub use params::{
 };
 pub use rng::{Purpose, uniform};
 pub use target::{MAX_LOGPROBS, TargetOptions, TargetPosition, score_position};
-pub use verify::{BlockOutcome, Rejection, check_block, easd_fires, verify_block};
+pub use verify::{BlockOutcome, Rejection, check_block, easd_fires, easd_rule, verify_block};

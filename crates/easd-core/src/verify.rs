@@ -43,11 +43,23 @@ impl BlockOutcome {
 /// (DESIGN §2.2): H(q̂) ≥ τ_draft, H(p̂) ≥ τ_target and |TopN(q̂) ∩ TopN(p̂)| / N ≥ ρ.
 /// NaN entropies never fire.
 pub fn easd_fires(params: &EasdParams, draft: &DraftToken, target: &TargetPosition) -> Option<(f32, f32, f32)> {
-    let (h_q, h_p) = (draft.entropy, target.entropy);
+    easd_rule(params, draft.entropy, target.entropy, &draft.top_n, &target.top_n)
+}
+
+/// The EASD rule on plain values — the draft's entropy H(q̂) and top ids, the target's H(p̂) and top ids
+/// — for callers without wire summaries (offline calibration). [`easd_fires`] is this on a block
+/// position; the top-id lists are cut to N by [`overlap`].
+pub fn easd_rule(
+    params: &EasdParams,
+    h_q: f32,
+    h_p: f32,
+    draft_top_n: &[u32],
+    target_top_n: &[u32],
+) -> Option<(f32, f32, f32)> {
     if !(h_q >= params.tau_draft && h_p >= params.tau_target) {
         return None;
     }
-    let o = overlap(&draft.top_n, &target.top_n, params.top_n);
+    let o = overlap(draft_top_n, target_top_n, params.top_n);
     (o >= params.rho).then_some((h_q, h_p, o))
 }
 
@@ -206,6 +218,8 @@ mod tests {
         for (h_q, h_p, target_top, fires) in cases {
             let got = easd_fires(&p, &draft(X, h_q, &five), &target(1.0, h_p, target_top));
             assert_eq!(got.is_some(), fires, "h_q {h_q} h_p {h_p} top {target_top:?}");
+            // The same rule on plain values (offline calibration calls it so).
+            assert_eq!(got.is_some(), easd_rule(&p, h_q, h_p, &five, target_top).is_some());
             if let Some((a, b, o)) = got {
                 assert_eq!((a, b), (h_q, h_p));
                 assert!(o >= 0.6);
@@ -217,6 +231,11 @@ mod tests {
         let strict = EasdParams { rho: 1.0, ..p };
         assert!(easd_fires(&strict, &draft(X, 1.0, &five), &target(1.0, 1.0, &[14, 13, 12, 11, 10])).is_some());
         assert!(easd_fires(&strict, &draft(X, 1.0, &five), &target(1.0, 1.0, &three_common)).is_none());
+        // Ids beyond the first N do not count, however long the lists: one shared id in the top 5 is 0.2.
+        let long_draft = [10, 90, 91, 92, 93, 11, 12, 13];
+        let long_target = [10, 80, 81, 82, 83, 11, 12, 13];
+        assert_eq!(easd_rule(&loose, 1.0, 1.0, &long_draft, &long_target), Some((1.0, 1.0, 0.2)));
+        assert_eq!(easd_rule(&p, 1.0, 1.0, &long_draft, &long_target), None);
     }
 
     #[test]

@@ -12,13 +12,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use easd_core::{EasdParams, easd_rule, percentile_sorted};
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::{load_problems, sample_indices, solution_text};
 use crate::error::{BoxError, Error, Result};
 use crate::generator::{ChatMessage, EasdSettings};
 use crate::run::PromptTemplate;
-use crate::stats::{Histogram, pearson, percentile_sorted};
+use crate::stats::{Histogram, pearson};
 
 /// Percentiles named in the file.
 pub const PERCENTILES: [u32; 6] = [50, 75, 80, 90, 95, 99];
@@ -53,13 +54,16 @@ pub trait EntropyScorer {
     fn greedy_answer(&self, messages: &[ChatMessage], max_tokens: usize) -> Result<String, BoxError>;
 }
 
-/// One position scored by both models.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One position scored by both models: what the EASD rule reads there.
+#[derive(Clone, Debug, PartialEq)]
 pub struct PairedEntropy {
+    /// H(q̂), nats.
     pub draft: f32,
+    /// H(p̂), nats.
     pub target: f32,
-    /// |TopN(q̂) ∩ TopN(p̂)| / N.
-    pub overlap: f32,
+    /// TopN(q̂) and TopN(p̂) as the scorers returned them (the rule counts the first N of each).
+    pub draft_top_n: Vec<u32>,
+    pub target_top_n: Vec<u32>,
 }
 
 /// Which text the models are teacher-forced on.
@@ -237,15 +241,24 @@ impl CalibrationFile {
         let target: Vec<f32> = samples.iter().map(|s| s.target).collect();
         let draft_stats = model_entropy(draft_model, &draft);
         let target_stats = model_entropy(target_model, &target);
+        // The coordinator's own rule (easd-core) at each position; with ρ = 0 only the entropy gates remain.
         let gate = |tau_draft: f32, tau_target: f32| {
-            let both = samples.iter().filter(|s| s.draft >= tau_draft && s.target >= tau_target);
-            let (mut n_both, mut n_fire) = (0usize, 0usize);
-            for s in both {
-                n_both += 1;
-                n_fire += usize::from(s.overlap >= config.rho);
-            }
-            let n = samples.len() as f64;
-            (n_both as f64 / n, n_fire as f64 / n)
+            let params = EasdParams {
+                top_n: config.top_n as usize,
+                rho: config.rho,
+                tau_draft,
+                tau_target,
+                ..EasdParams::default()
+            };
+            let gates_only = EasdParams { rho: 0.0, ..params.clone() };
+            let rate = |params: &EasdParams| {
+                let fired = samples
+                    .iter()
+                    .filter(|s| easd_rule(params, s.draft, s.target, &s.draft_top_n, &s.target_top_n).is_some())
+                    .count();
+                fired as f64 / samples.len() as f64
+            };
+            (rate(&gates_only), rate(&params))
         };
         let gate_rates = PERCENTILES
             .iter()
@@ -294,13 +307,13 @@ fn quantile_at(quantiles: &[f32], percentile: f64) -> Option<f32> {
     if quantiles.len() != 101 {
         return None;
     }
-    percentile_sorted(quantiles, percentile)
+    percentile_sorted(quantiles, percentile).map(|q| q as f32)
 }
 
 fn model_entropy(model: &str, values: &[f32]) -> ModelEntropy {
     let mut sorted: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
     sorted.sort_by(f32::total_cmp);
-    let q = |p: f64| percentile_sorted(&sorted, p).unwrap_or(0.0);
+    let q = |p: f64| percentile_sorted(&sorted, p).map_or(0.0, |q| q as f32);
     let mut histogram = Histogram::new(HIST_BIN_WIDTH, HIST_BINS);
     for &v in &sorted {
         histogram.push(v);
@@ -358,20 +371,15 @@ pub fn run_calibration(
                     .into(),
             ));
         }
-        samples.extend(d.iter().zip(&t).map(|(d, t)| PairedEntropy {
+        samples.extend(d.into_iter().zip(t).map(|(d, t)| PairedEntropy {
             draft: d.entropy,
             target: t.entropy,
-            overlap: overlap(&d.top_n, &t.top_n, top_n),
+            draft_top_n: d.top_n,
+            target_top_n: t.top_n,
         }));
         progress(done + 1, chosen.len());
     }
     CalibrationFile::from_samples(config, &draft.model_name(), &target.model_name(), chosen.len(), &samples)
-}
-
-/// |a ∩ b| / n.
-fn overlap(a: &[u32], b: &[u32], n: usize) -> f32 {
-    let shared = a.iter().filter(|x| b.contains(x)).count();
-    shared as f32 / n.max(1) as f32
 }
 
 #[cfg(test)]
@@ -438,7 +446,7 @@ mod tests {
         let mut expected: Vec<f32> = texts.iter().flat_map(|t| t.bytes().map(|b| f32::from(b % 10))).collect();
         assert_eq!(file.draft.count as usize, expected.len());
         expected.sort_by(f32::total_cmp);
-        let p80 = percentile_sorted(&expected, 80.0).unwrap();
+        let p80 = percentile_sorted(&expected, 80.0).unwrap() as f32;
         assert_eq!(file.recommended.tau_draft, p80);
         assert!((file.recommended.tau_target - 0.5 * p80).abs() < 1e-6);
         assert_eq!(file.draft.percentiles["p80"], p80);
@@ -478,12 +486,53 @@ mod tests {
         assert!(file.gate_rates.iter().any(|g| g.both_uncertain > 0.0));
     }
 
+    /// A scorer may return more ids than the N it was asked for; the rule counts only the first N of each list. (The
+    /// calibration once counted every shared id, predicting triggers here that the coordinator would never fire.)
+    #[test]
+    fn ids_beyond_n_do_not_count_towards_the_overlap() {
+        struct Long(u32);
+        impl EntropyScorer for Long {
+            fn model_name(&self) -> String {
+                format!("long-{}", self.0)
+            }
+            fn score(
+                &self,
+                _: &[ChatMessage],
+                answer: &str,
+                _: f32,
+                n: usize,
+            ) -> Result<Vec<ScoredPosition>, BoxError> {
+                // The first N ids: id 0 shared, the rest this model's own (overlap 1/N); then N ids both share.
+                let n = n as u32;
+                let top_n: Vec<u32> =
+                    std::iter::once(0).chain((1..n).map(|i| self.0 + i)).chain(100..100 + n).collect();
+                Ok(answer.bytes().map(|_| ScoredPosition { entropy: 5.0, top_n: top_n.clone() }).collect())
+            }
+            fn greedy_answer(&self, _: &[ChatMessage], _: usize) -> Result<String, BoxError> {
+                Ok("42".into())
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let config = CalibrationConfig::new(dataset(dir.path()));
+        assert_eq!((config.top_n, config.rho), (5, 0.6));
+        let file = run_calibration(&config, &Long(1000), &Long(2000), &mut |_, _| {}).unwrap();
+        // Every position is uncertain for both models (entropy 5 at every percentile) but agrees on 1 of 5 ids.
+        for g in &file.gate_rates {
+            assert_eq!((g.both_uncertain, g.fires), (1.0, 0.0), "{g:?}");
+        }
+    }
+
     #[test]
     fn files_round_trip_and_wrong_formats_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let config = CalibrationConfig::new(dataset(dir.path()));
         let samples: Vec<PairedEntropy> = (0..200)
-            .map(|i| PairedEntropy { draft: i as f32 / 100.0, target: i as f32 / 200.0, overlap: 0.8 })
+            .map(|i| PairedEntropy {
+                draft: i as f32 / 100.0,
+                target: i as f32 / 200.0,
+                draft_top_n: vec![1, 2, 3, 4, 5],
+                target_top_n: vec![1, 2, 3, 4, 9],
+            })
             .collect();
         let file = CalibrationFile::from_samples(&config, "d", "t", 10, &samples).unwrap();
         let path = dir.path().join("out/calibration.json");

@@ -55,3 +55,10 @@ impl Error {
         Error::InvalidValue { field, reason: reason.into() }
     }
 }
+
+/// easd-core's parameter checks (the coordinator's own) name the field the same way.
+impl From<easd_core::ParamError> for Error {
+    fn from(e: easd_core::ParamError) -> Error {
+        Error::InvalidValue { field: e.field, reason: e.reason }
+    }
+}

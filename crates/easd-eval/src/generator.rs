@@ -87,14 +87,12 @@ impl Default for Sampling {
 }
 
 impl Sampling {
+    /// The coordinator's own check (easd-core's `SamplingParams::validate`), so the harness refuses exactly what the
+    /// server would.
     pub fn validate(&self) -> Result<(), Error> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(Error::invalid("temperature", format!("must be finite and >= 0, got {}", self.temperature)));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(Error::invalid("top_p", format!("must be in (0, 1], got {}", self.top_p)));
-        }
-        Ok(())
+        easd_core::SamplingParams { temperature: self.temperature, top_k: self.top_k as usize, top_p: self.top_p }
+            .validate()
+            .map_err(Error::from)
     }
 
     /// The temperature entropies are measured at: the request's, or 1 for greedy (DESIGN §2.2).
@@ -136,30 +134,24 @@ impl EasdSettings {
         }
     }
 
+    /// The set fields against easd-core's limits (`EasdParams::validate`, e.g. N in 1..=`MAX_EASD_TOP_N`); unset
+    /// fields take the core's defaults, which are valid, so an error always names a field that was set.
     pub fn validate(&self) -> Result<(), Error> {
-        if let Some(n) = self.top_n
-            && !(1..=64).contains(&n)
-        {
-            return Err(Error::invalid("top_n", format!("must be in 1..=64, got {n}")));
+        let defaults = easd_core::EasdParams::default();
+        easd_core::EasdParams {
+            top_n: self.top_n.map_or(defaults.top_n, |n| n as usize),
+            rho: self.rho.unwrap_or(defaults.rho),
+            tau_draft: self.tau_draft.unwrap_or(defaults.tau_draft),
+            tau_target: self.tau_target.unwrap_or(defaults.tau_target),
+            order: defaults.order,
+            penalty: self.penalty_alpha.map_or(defaults.penalty, easd_core::Penalty::Scale),
         }
-        if let Some(rho) = self.rho
-            && !(0.0..=1.0).contains(&rho)
-        {
-            return Err(Error::invalid("rho", format!("must be in [0, 1], got {rho}")));
-        }
-        for (field, tau) in [("tau_draft", self.tau_draft), ("tau_target", self.tau_target)] {
-            if let Some(t) = tau
-                && !(t.is_finite() && t >= 0.0)
-            {
-                return Err(Error::invalid(field, format!("must be finite and >= 0, got {t}")));
-            }
-        }
-        if let Some(a) = self.penalty_alpha
-            && !(0.0..1.0).contains(&a)
-        {
-            return Err(Error::invalid("penalty_alpha", format!("must be in [0, 1), got {a}")));
-        }
-        Ok(())
+        .validate()
+        .map_err(|e| match e.field {
+            // The core calls the scale factor `penalty`; here it is the `penalty_alpha` field.
+            "penalty" => Error::invalid("penalty_alpha", e.reason),
+            _ => Error::from(e),
+        })
     }
 }
 
@@ -243,6 +235,8 @@ impl GenerationSummary {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Generation {
     pub text: String,
+    /// The generated token ids, in order (empty when the backend does not report them).
+    pub token_ids: Vec<u32>,
     pub summary: GenerationSummary,
 }
 
@@ -266,6 +260,23 @@ mod tests {
     fn settings_validation_names_the_field() {
         let bad = EasdSettings { rho: Some(1.5), ..EasdSettings::default() };
         assert!(bad.validate().unwrap_err().to_string().contains("rho"));
+        // N's limit is the core's, whatever its value.
+        let max = easd_core::MAX_EASD_TOP_N as u32;
+        assert!(EasdSettings { top_n: Some(max), ..EasdSettings::default() }.validate().is_ok());
+        for n in [0, max + 1] {
+            let err = EasdSettings { top_n: Some(n), ..EasdSettings::default() }.validate().unwrap_err().to_string();
+            assert!(err.contains("top_n") && err.contains(&format!("1..={max}")), "{err}");
+        }
+        for (bad, field) in [
+            (EasdSettings { tau_draft: Some(-0.1), ..EasdSettings::default() }, "tau_draft"),
+            (EasdSettings { tau_target: Some(f32::NAN), ..EasdSettings::default() }, "tau_target"),
+            (EasdSettings { penalty_alpha: Some(1.0), ..EasdSettings::default() }, "penalty_alpha"),
+        ] {
+            assert!(bad.validate().unwrap_err().to_string().contains(field), "{field}");
+        }
+        assert!(EasdSettings::default().validate().is_ok());
+        let bad = Sampling { temperature: -1.0, ..Sampling::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("temperature"));
         let bad = Sampling { top_p: 0.0, ..Sampling::default() };
         assert!(bad.validate().unwrap_err().to_string().contains("top_p"));
         assert_eq!(Sampling::default().entropy_temperature(), 1.0);

@@ -62,16 +62,20 @@ impl Generator for CoordinatorGenerator {
         grpc_request.set_timeout(self.request_timeout);
         let mut stream = self.client.clone().generate(grpc_request).await?.into_inner();
         let mut text = String::new();
+        let mut token_ids = Vec::new();
         let mut summary = None;
         while let Some(event) = stream.message().await? {
             match event.event {
-                Some(pb::generate_event::Event::Delta(delta)) => text.push_str(&delta.text),
+                Some(pb::generate_event::Event::Delta(delta)) => {
+                    text.push_str(&delta.text);
+                    token_ids.extend(delta.token_ids);
+                }
                 Some(pb::generate_event::Event::Summary(s)) => summary = Some(summary_from_proto(s)),
                 None => {}
             }
         }
         let summary = summary.ok_or("the coordinator's stream ended without a Summary")?;
-        Ok(Generation { text, summary })
+        Ok(Generation { text, token_ids, summary })
     }
 }
 
@@ -214,10 +218,14 @@ mod tests {
             let request = request.into_inner();
             let fail = request.request_id == "no-summary";
             self.seen.lock().unwrap().push(request);
-            let delta = |t: &str| pb::GenerateEvent {
-                event: Some(pb::generate_event::Event::Delta(pb::TextDelta { text: t.into(), ..Default::default() })),
+            let delta = |t: &str, ids: &[u32]| pb::GenerateEvent {
+                event: Some(pb::generate_event::Event::Delta(pb::TextDelta {
+                    text: t.into(),
+                    token_ids: ids.to_vec(),
+                    ..Default::default()
+                })),
             };
-            let mut events = vec![Ok(delta("The answer is ")), Ok(delta("42."))];
+            let mut events = vec![Ok(delta("The answer is ", &[785, 4226, 374])), Ok(delta("42.", &[19, 17, 13]))];
             if !fail {
                 let summary = pb::Summary {
                     generated_tokens: 6,
@@ -266,6 +274,7 @@ mod tests {
 
         let generation = generator.generate(&request(Mode::Easd)).await.unwrap();
         assert_eq!(generation.text, "The answer is 42.");
+        assert_eq!(generation.token_ids, [785, 4226, 374, 19, 17, 13]);
         assert_eq!((generation.summary.generated_tokens, generation.summary.easd_triggers), (6, 1));
         assert_eq!(generation.summary.triggers[0].position, 30);
         assert_eq!(generation.summary.token_sources(Mode::Easd), (4, 2));

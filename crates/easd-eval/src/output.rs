@@ -39,7 +39,8 @@ pub fn write_report(
     calibration: Option<&CalibrationFile>,
 ) -> Result<ReportFiles> {
     std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
-    let report = summarize(records);
+    let mut report = summarize(records);
+    report.plan(&context.planned);
     let mut plots = Vec::new();
     let accuracy = dir.join("accuracy.svg");
     accuracy_plot(&accuracy, &report)?;

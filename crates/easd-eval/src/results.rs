@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::extract::AnswerSource;
@@ -51,6 +52,30 @@ pub struct ResultRecord {
     /// The full output, kept so answers can be re-extracted without regenerating.
     pub output: String,
     pub summary: GenerationSummary,
+    /// The run (one `easd eval` / `easd sweep` invocation, see [`crate::EvalConfig::session`]) that made this line.
+    /// Speeds are comparable only within one session: machine load differs between them. Empty in files written
+    /// before sessions were recorded.
+    #[serde(default)]
+    pub session: String,
+    /// Requests in flight at once in that session (0: not recorded).
+    #[serde(default)]
+    pub concurrency: u32,
+    /// Hex of the first 16 bytes of the SHA-256 of the generated token ids (little-endian u32 each): two lines with
+    /// the same value emitted the same tokens. Empty when the backend sent no ids.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token_ids_sha256: String,
+}
+
+/// The value of [`ResultRecord::token_ids_sha256`] for `ids`; empty for no ids.
+pub fn token_ids_sha256(ids: &[u32]) -> String {
+    if ids.is_empty() {
+        return String::new();
+    }
+    let mut hasher = Sha256::new();
+    for id in ids {
+        hasher.update(id.to_le_bytes());
+    }
+    hex::encode(&hasher.finalize()[..16])
 }
 
 impl ResultRecord {
@@ -171,7 +196,33 @@ mod tests {
             client_wall_s: 0.5,
             output: "The answer is 1.".into(),
             summary: GenerationSummary::default(),
+            session: "s".into(),
+            concurrency: 1,
+            token_ids_sha256: token_ids_sha256(&[1, 2, 3]),
         }
+    }
+
+    #[test]
+    fn token_hashes_tell_equal_id_sequences_from_different_ones() {
+        let h = token_ids_sha256(&[1, 2, 3]);
+        assert_eq!(h.len(), 32);
+        assert_eq!(h, token_ids_sha256(&[1, 2, 3]));
+        assert_ne!(h, token_ids_sha256(&[1, 2, 4]));
+        assert_ne!(h, token_ids_sha256(&[1, 2]));
+        // Not a hash of the text: ids 1 and 256 differ in their bytes, not only in value.
+        assert_ne!(token_ids_sha256(&[256]), token_ids_sha256(&[1, 0]));
+        assert_eq!(token_ids_sha256(&[]), "");
+    }
+
+    #[test]
+    fn lines_written_before_sessions_were_recorded_still_read() {
+        let mut value = serde_json::to_value(record(0, "sd")).unwrap();
+        let object = value.as_object_mut().unwrap();
+        for field in ["session", "concurrency", "token_ids_sha256"] {
+            object.remove(field);
+        }
+        let old: ResultRecord = serde_json::from_value(value).unwrap();
+        assert_eq!((old.session.as_str(), old.concurrency, old.token_ids_sha256.as_str()), ("", 0, ""));
     }
 
     #[test]

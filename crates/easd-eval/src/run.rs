@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::extract::{answers_match, extract_answer};
 use crate::generator::{ChatMessage, EasdSettings, EvalRequest, Generator, Mode, Sampling};
 use crate::progress::Progress;
-use crate::results::{ResultRecord, ResultsFile};
+use crate::results::{ResultRecord, ResultsFile, token_ids_sha256};
 
 /// How a question becomes chat messages. `{question}` in `user` is replaced by the problem text.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -115,6 +115,9 @@ pub struct EvalConfig {
     /// The coordinator's EASD defaults (its `Info`), which the unset fields of an `easd` variant take. Recorded with
     /// every `easd` result; resuming refuses results made under other defaults. `None`: unknown, not checked.
     pub easd_defaults: Option<EasdSettings>,
+    /// Names the lines this run writes ([`ResultRecord::session`]): reports keep speeds of different sessions apart.
+    /// `None`: a new id from the start time (UTC) and the process id.
+    pub session: Option<String>,
 }
 
 impl EvalConfig {
@@ -135,6 +138,7 @@ impl EvalConfig {
             retries: 2,
             retry_backoff_ms: 1000,
             easd_defaults: None,
+            session: None,
         }
     }
 
@@ -157,9 +161,7 @@ impl EvalConfig {
         if self.concurrency == 0 {
             return Err(Error::invalid("concurrency", "must be at least 1"));
         }
-        if !(1..=32).contains(&self.k) {
-            return Err(Error::invalid("k", format!("must be in 1..=32, got {}", self.k)));
-        }
+        easd_core::validate_block_size(self.k as usize)?;
         if self.max_tokens == 0 {
             return Err(Error::invalid("max_tokens", "must be at least 1"));
         }
@@ -217,6 +219,7 @@ pub async fn run_problems<G: Generator>(
 ) -> Result<EvalRun> {
     config.validate()?;
     let started = Instant::now();
+    let session = config.session.clone().unwrap_or_else(new_session_id);
     let mut file = ResultsFile::open(&config.results)?;
     let hashes: Vec<String> = config.variants.iter().map(|v| v.settings_hash(config)).collect();
     let mut jobs = Vec::new();
@@ -243,7 +246,7 @@ pub async fn run_problems<G: Generator>(
     }
     progress.start(jobs.len() + resumed, resumed);
     let mut stream = futures::stream::iter(jobs)
-        .map(|(problem, variant, hash)| run_one(config, problem, variant, hash, generator))
+        .map(|(problem, variant, hash)| run_one(config, &session, problem, variant, hash, generator))
         .buffer_unordered(config.concurrency);
     let mut generated = 0;
     while let Some(record) = stream.next().await {
@@ -253,19 +256,42 @@ pub async fn run_problems<G: Generator>(
         generated += 1;
     }
     progress.finish();
+    let records = selected(config, problems, &hashes, file.records());
+    Ok(EvalRun { records, generated, resumed, elapsed_s: started.elapsed().as_secs_f64() })
+}
+
+/// The stored lines of `config`'s problems and variants, generating nothing (to report on a run that is incomplete or
+/// spread over several invocations), and how many of the wanted lines are still missing.
+pub fn stored_results(config: &EvalConfig) -> Result<(Vec<ResultRecord>, usize)> {
+    config.validate()?;
+    let problems = slice(load_problems(&config.dataset)?, config.offset, config.limit);
+    require_references(&problems)?;
+    let hashes: Vec<String> = config.variants.iter().map(|v| v.settings_hash(config)).collect();
+    let stored = crate::results::read_results(&config.results)?;
+    let records = selected(config, &problems, &hashes, &stored);
+    let missing = problems.len() * config.variants.len() - records.len();
+    Ok((records, missing))
+}
+
+/// The records of `problems` × `config.variants` (under `hashes`), in (problem, variant) order.
+fn selected(
+    config: &EvalConfig,
+    problems: &[Problem],
+    hashes: &[String],
+    stored: &[ResultRecord],
+) -> Vec<ResultRecord> {
     let wanted: std::collections::HashSet<(usize, &str, &str)> = problems
         .iter()
-        .flat_map(|p| config.variants.iter().zip(&hashes).map(move |(v, h)| (p.index, v.label.as_str(), h.as_str())))
+        .flat_map(|p| config.variants.iter().zip(hashes).map(move |(v, h)| (p.index, v.label.as_str(), h.as_str())))
         .collect();
-    let mut records: Vec<ResultRecord> = file
-        .records()
+    let mut records: Vec<ResultRecord> = stored
         .iter()
         .filter(|r| wanted.contains(&(r.problem, r.variant.as_str(), r.settings.as_str())))
         .cloned()
         .collect();
     let order = |label: &str| config.variants.iter().position(|v| v.label == label);
     records.sort_by_key(|r| (r.problem, order(&r.variant)));
-    Ok(EvalRun { records, generated, resumed, elapsed_s: started.elapsed().as_secs_f64() })
+    records
 }
 
 /// A stored `easd` result resolved its unset fields to the coordinator's defaults of that time, which the settings
@@ -292,6 +318,7 @@ fn question_hash(question: &str) -> String {
 
 async fn run_one<G: Generator>(
     config: &EvalConfig,
+    session: &str,
     problem: &Problem,
     variant: &Variant,
     hash: &str,
@@ -350,7 +377,45 @@ async fn run_one<G: Generator>(
         client_wall_s,
         output: generation.text,
         summary: generation.summary,
+        session: session.to_string(),
+        concurrency: u32::try_from(config.concurrency).unwrap_or(u32::MAX),
+        token_ids_sha256: token_ids_sha256(&generation.token_ids),
     })
+}
+
+/// "2026-12-03T10:15:02Z-p1234": the start of a run (UTC, seconds) and the process; a second run in the same process
+/// gets a ".1", ".2"… suffix.
+fn new_session_id() -> String {
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    let mut id = format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z-p{}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        std::process::id()
+    );
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if run > 0 {
+        id.push_str(&format!(".{run}"));
+    }
+    id
+}
+
+/// (year, month, day) of a day count since 1970-01-01 (proleptic Gregorian; H. Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
 }
 
 #[cfg(test)]
@@ -396,6 +461,7 @@ mod tests {
             let answer = nums.iter().sum::<f64>() + if wrong { 1.0 } else { 0.0 };
             Ok(Generation {
                 text: format!("Adding them gives {answer}.\nThe answer is {answer}."),
+                token_ids: answer.to_string().bytes().map(u32::from).collect(),
                 summary: GenerationSummary {
                     generated_tokens: 12,
                     wall_s: 0.1,
@@ -440,6 +506,47 @@ mod tests {
 
         let again = run_eval(&config, &working, &NoProgress).await.unwrap();
         assert_eq!((again.resumed, again.generated), (20, 0));
+    }
+
+    #[tokio::test]
+    async fn each_run_stamps_its_session_concurrency_and_token_hash_on_its_lines() {
+        let (_dir, mut config) = setup(2);
+        config.retries = 0;
+        assert!(run_eval(&config, &Fake::new(3), &NoProgress).await.is_err());
+        config.session = Some("second".into());
+        config.concurrency = 2;
+        let run = run_eval(&config, &Fake::new(usize::MAX), &NoProgress).await.unwrap();
+        let stored = crate::results::read_results(&config.results).unwrap();
+        let (first, second) = stored.split_at(3);
+        assert!(first.iter().all(|r| r.session == first[0].session && r.concurrency == 1));
+        assert!(first[0].session.contains(&format!("Z-p{}", std::process::id())), "{}", first[0].session);
+        assert!(second.iter().all(|r| r.session == "second" && r.concurrency == 2));
+        // Same answer, same ids: the target and sd lines of a problem share the hash; draft is wrong on problem 1.
+        let line = |p: usize, m: Mode| run.records.iter().find(|r| r.problem == p && r.mode == m).unwrap();
+        for p in 0..2 {
+            assert!(!line(p, Mode::Target).token_ids_sha256.is_empty());
+            assert_eq!(line(p, Mode::Target).token_ids_sha256, line(p, Mode::Sd).token_ids_sha256);
+        }
+        assert_ne!(line(1, Mode::Target).token_ids_sha256, line(1, Mode::Draft).token_ids_sha256);
+    }
+
+    #[tokio::test]
+    async fn stored_results_report_what_is_there_and_count_what_is_missing() {
+        let (_dir, config) = setup(3);
+        let target = config.clone().with_modes(&[Mode::Target], &EasdSettings::default());
+        run_eval(&target, &Fake::new(usize::MAX), &NoProgress).await.unwrap();
+        let both = config.with_modes(&[Mode::Target, Mode::Sd], &EasdSettings::default());
+        let (records, missing) = stored_results(&both).unwrap();
+        assert_eq!((records.len(), missing), (3, 3));
+        assert!(records.iter().all(|r| r.mode == Mode::Target));
+    }
+
+    #[test]
+    fn session_ids_name_the_utc_start_time() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(20_790), (2026, 12, 3));
+        assert_ne!(new_session_id(), new_session_id());
     }
 
     #[tokio::test]

@@ -65,16 +65,45 @@ pub fn holm_adjust(p_values: &[f64]) -> Vec<f64> {
     adjusted
 }
 
-/// Percentile `p` (0..=100) of `sorted` (ascending) by linear interpolation between closest ranks (numpy's default).
-pub fn percentile_sorted(sorted: &[f32], p: f64) -> Option<f32> {
-    if sorted.is_empty() || !(0.0..=100.0).contains(&p) {
-        return None;
+/// Percentiles come from easd-core, the one implementation the calibration thresholds also use (numpy's default:
+/// linear interpolation between the closest ranks).
+pub use easd_core::percentile_sorted;
+
+/// Interval at normal quantile `z` for the difference of two paired proportions, p_A − p_B, by Newcombe's hybrid score
+/// method for paired data (Newcombe 1998, *Stat Med* 17:2635, method 10): each proportion's Wilson interval, combined
+/// square-and-add with a correction for their correlation φ. Counts of the paired table: `both` right, `only_a`,
+/// `only_b`, `neither`. It stays inside [−1, 1] and behaves with few discordant pairs, where the Wald interval does not.
+/// No pairs gives [−1, 1].
+pub fn paired_difference_interval(both: u64, only_a: u64, only_b: u64, neither: u64, z: f64) -> Interval {
+    let n = both + only_a + only_b + neither;
+    if n == 0 {
+        return Interval { low: -1.0, high: 1.0 };
     }
-    let rank = p / 100.0 * (sorted.len() - 1) as f64;
-    let lo = rank.floor() as usize;
-    let hi = rank.ceil() as usize;
-    let frac = rank - lo as f64;
-    Some((sorted[lo] as f64 + (sorted[hi] as f64 - sorted[lo] as f64) * frac) as f32)
+    let (a_right, b_right) = (both + only_a, both + only_b);
+    let (a_wrong, b_wrong) = (n - a_right, n - b_right);
+    let total = n as f64;
+    let (p_a, p_b) = (a_right as f64 / total, b_right as f64 / total);
+    let (wa, wb) = (wilson_interval(a_right, n, z), wilson_interval(b_right, n, z));
+    // φ: the correlation of the two outcomes, shrunk towards 0 by n/2 on the positive side (Newcombe's correction).
+    let phi = if a_right == 0 || a_wrong == 0 || b_right == 0 || b_wrong == 0 {
+        0.0
+    } else {
+        let cross = both as f64 * neither as f64 - only_a as f64 * only_b as f64;
+        let scale = (a_right as f64 * a_wrong as f64 * b_right as f64 * b_wrong as f64).sqrt();
+        if cross > total / 2.0 {
+            (cross - total / 2.0) / scale
+        } else if cross >= 0.0 {
+            0.0
+        } else {
+            cross / scale
+        }
+    };
+    let square_and_add = |x: f64, y: f64| (x * x + y * y - 2.0 * phi * x * y).max(0.0).sqrt();
+    let d = p_a - p_b;
+    Interval {
+        low: (d - square_and_add(p_a - wa.low, wb.high - p_b)).max(-1.0),
+        high: (d + square_and_add(p_b - wb.low, wa.high - p_a)).min(1.0),
+    }
 }
 
 /// Pearson correlation of paired samples; `None` with fewer than two pairs or a constant side.
@@ -192,15 +221,26 @@ mod tests {
     }
 
     #[test]
-    fn percentiles_interpolate_like_numpy() {
-        let v = [1.0, 2.0, 3.0, 4.0];
-        assert_eq!(percentile_sorted(&v, 50.0), Some(2.5));
-        assert_eq!(percentile_sorted(&v, 0.0), Some(1.0));
-        assert_eq!(percentile_sorted(&v, 100.0), Some(4.0));
-        // numpy.percentile([1,2,3,4], 90) = 3.7
-        assert!(close(percentile_sorted(&v, 90.0).unwrap() as f64, 3.7, 1e-6));
-        assert_eq!(percentile_sorted(&[], 50.0), None);
-        assert_eq!(percentile_sorted(&v, 101.0), None);
+    fn paired_difference_intervals_match_published_values() {
+        // Fagerland, Lydersen & Laake, *Statistical Analysis of Contingency Tables* (2017), ch. 8: complete response
+        // before and after consolidation (Cavo et al. 2012), table [[59, 6], [16, 80]]: Newcombe square-and-add
+        // estimate −0.0621, 95% CI −0.1186 to −0.0046.
+        let i = paired_difference_interval(59, 6, 16, 80, Z_95);
+        assert!(close(i.low, -0.1186, 5e-5) && close(i.high, -0.0046, 5e-5), "{i:?}");
+        // Swapping A and B mirrors the interval.
+        let m = paired_difference_interval(59, 16, 6, 80, Z_95);
+        assert!(close(m.low, -i.high, 1e-12) && close(m.high, -i.low, 1e-12), "{m:?}");
+        // No discordant pairs: centred on 0; all discordant one way: inside [-1, 1].
+        let tie = paired_difference_interval(10, 0, 0, 10, Z_95);
+        assert!(tie.low < 0.0 && tie.high > 0.0 && close(tie.low, -tie.high, 1e-12), "{tie:?}");
+        let sweep = paired_difference_interval(0, 10, 0, 0, Z_95);
+        assert!(sweep.low > 0.5 && sweep.high == 1.0, "{sweep:?}");
+        assert_eq!(paired_difference_interval(0, 0, 0, 0, Z_95), Interval { low: -1.0, high: 1.0 });
+        // Large n approaches the Wald interval (b − c)/n ± z·sqrt(b + c − (b − c)²/n)/n.
+        let (b, c, n): (f64, f64, f64) = (150.0, 100.0, 1000.0);
+        let half = Z_95 * (b + c - (b - c) * (b - c) / n).sqrt() / n;
+        let w = paired_difference_interval(600, 150, 100, 150, Z_95);
+        assert!(close(w.low, 0.05 - half, 2e-3) && close(w.high, 0.05 + half, 2e-3), "{w:?} vs ±{half}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::plots::{SweepPlotPoint, SweepSeries, accuracy_plot, sweep_plot};
 use crate::progress::Progress;
 use crate::report::{ReportContext, summarize};
 use crate::run::{EvalConfig, EvalRun, Variant, run_problems};
+use crate::speed::speeds_cell;
 
 pub const CALIBRATION_LINES: std::ops::Range<usize> = 0..2000;
 pub const DEVELOPMENT_LINES: std::ops::Range<usize> = 2000..4000;
@@ -202,7 +203,7 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
     let mut series: Vec<SweepSeries> = Vec::new();
     let axis = SweepAxis::of(&sweep.points);
     let mut table = String::from(
-        "## Sweep\n\n| variant | τ percentile | τ_draft | τ_target | ρ | N | accuracy | 95% CI | trigger rate | tokens/s | p vs baseline |\n|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+        "## Sweep\n\n| variant | τ percentile | τ_draft | τ_target | ρ | N | accuracy | 95% CI | trigger rate | tokens/s (session) | p vs baseline |\n|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|\n",
     );
     for point in &sweep.points {
         let Some(v) = stats(&point.label) else { continue };
@@ -213,7 +214,7 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
             .map_or("–".to_string(), |p| format!("{:.4}", p.p_value));
         let _ = writeln!(
             table,
-            "| {} | {} | {:.3} | {:.3} | {} | {} | {:.1}% | [{:.1}%, {:.1}%] | {} | {:.2} | {} |",
+            "| {} | {} | {:.3} | {:.3} | {} | {} | {:.1}% | [{:.1}%, {:.1}%] | {} | {} | {} |",
             v.label,
             point.tau_percentile,
             point.tau_draft,
@@ -224,7 +225,7 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
             100.0 * v.interval.low,
             100.0 * v.interval.high,
             v.trigger_rate.map_or("–".into(), |r| format!("{:.2}%", 100.0 * r)),
-            v.tokens_per_s,
+            speeds_cell(&report.speeds, &v.label),
             p_vs_base
         );
         let name = axis.series_name(point);
@@ -241,7 +242,8 @@ pub fn write_sweep_report(dir: &Path, sweep: &SweepRun, mut context: ReportConte
     }
     table.push_str(
         "\nThe sweep picks defaults on development problems only; with this many variants, treat the best point as a \
-         hypothesis to confirm on held-out problems, not a result (see the Holm-adjusted p-values above).",
+         hypothesis to confirm on held-out problems, not a result (see the Holm-adjusted p-values above). Speeds are \
+         labelled with their session (see the speed section): compare them only within one session.",
     );
     let accuracy = dir.join("accuracy.svg");
     accuracy_plot(&accuracy, &report)?;
@@ -270,7 +272,12 @@ mod tests {
 
     fn calibration() -> CalibrationFile {
         let samples: Vec<PairedEntropy> = (0..101)
-            .map(|i| PairedEntropy { draft: i as f32 / 100.0, target: i as f32 / 200.0, overlap: 0.6 })
+            .map(|i| PairedEntropy {
+                draft: i as f32 / 100.0,
+                target: i as f32 / 200.0,
+                draft_top_n: vec![1, 2, 3, 4, 5],
+                target_top_n: vec![1, 2, 3, 8, 9],
+            })
             .collect();
         CalibrationFile::from_samples(&CalibrationConfig::new("c.jsonl"), "d", "t", 5, &samples).unwrap()
     }
@@ -286,6 +293,7 @@ mod tests {
             let easd = request.mode == Mode::Easd;
             Ok(Generation {
                 text: format!("The answer is {}.", if wrong { 0 } else { 7 }),
+                token_ids: Vec::new(),
                 summary: GenerationSummary {
                     generated_tokens: 10,
                     wall_s: 0.5,
@@ -368,6 +376,8 @@ mod tests {
         let md = std::fs::read_to_string(&files.markdown).unwrap();
         assert!(md.contains("| easd-p90-rho0.6-n5 | 90 | 0.900 | 0.450 | 0.6 | 5 | 100.0% |"), "{md}");
         assert!(md.contains("| easd-p90-rho0.8-n5 | 90 | 0.900 | 0.450 | 0.8 | 5 | 50.0% |"), "{md}");
+        // Speeds carry their session: 10 tokens in 0.5 s, all in this run's session.
+        assert!(md.contains("| 20.00 (S1) |") && md.contains("compare them only within one session"), "{md}");
         let svg = std::fs::read_to_string(dir.path().join("report/sweep.svg")).unwrap();
         assert!(svg.contains("ρ = 0.8, N = 5") && svg.contains("sd (baseline)"));
         assert!(svg.contains("EASD trigger rate vs τ percentile"), "no trigger-rate panel");

@@ -27,7 +27,11 @@ fn the_summary_matches_hand_computed_figures() {
     let [draft, target, sd, easd] = &report.variants[..] else { unreachable!() };
     assert_eq!((draft.correct, target.correct, sd.correct, easd.correct), (6, 15, 15, 19));
     assert_eq!((draft.no_answer, target.truncated), (1, 1));
-    assert!(close(target.tokens_per_s, 50.0) && close(sd.tokens_per_s, 100.0) && close(easd.tokens_per_s, 80.0));
+    // One session: one speed row per variant.
+    assert_eq!(report.sessions.len(), 1);
+    let speed = |label: &str| report.speeds.iter().find(|s| s.variant == label).unwrap();
+    assert!(close(speed("target").tokens_per_s, 50.0) && close(speed("sd").tokens_per_s, 100.0));
+    assert!(close(speed("easd").tokens_per_s, 80.0) && close(speed("easd").vs_target.unwrap(), 1.6));
     assert!(close(sd.acceptance_rate.unwrap(), 0.8) && close(sd.mean_accepted_len.unwrap(), 3.2));
     assert!(close(sd.tokens_per_target_forward.unwrap(), 4.0));
     assert_eq!(target.acceptance_rate, None);
@@ -42,6 +46,12 @@ fn the_summary_matches_hand_computed_figures() {
     let p = pair("sd", "easd");
     assert_eq!((p.problems, p.only_a, p.only_b), (30, 1, 5));
     assert!(close(p.p_value, 0.218_75)); // 2 * (1 + 6) / 64
+    // (1 − 5) / 30, Newcombe's interval by hand (Wilson 15/30 and 19/30, φ = 0.5534): [−0.28394, 0.03071].
+    assert!(close(p.difference, -4.0 / 30.0));
+    assert!(
+        (p.difference_interval.low + 0.283_936).abs() < 1e-5 && (p.difference_interval.high - 0.030_708).abs() < 1e-5
+    );
+    assert!(p.reading().starts_with("not shown to differ"));
     let p = pair("draft", "target");
     assert_eq!((p.only_a, p.only_b), (3, 12));
     assert!(close(p.p_value, 0.035_156_25)); // 2 * (1 + 15 + 105 + 455) / 2^15
@@ -54,7 +64,12 @@ fn the_summary_matches_hand_computed_figures() {
 fn the_report_folder_has_markdown_json_and_svg_plots() {
     let dir = tempfile::tempdir().unwrap();
     let samples: Vec<PairedEntropy> = (0..500)
-        .map(|i| PairedEntropy { draft: (i % 50) as f32 / 25.0, target: (i % 40) as f32 / 25.0, overlap: 0.6 })
+        .map(|i| PairedEntropy {
+            draft: (i % 50) as f32 / 25.0,
+            target: (i % 40) as f32 / 25.0,
+            draft_top_n: vec![1, 2, 3, 4, 5],
+            target_top_n: vec![1, 2, 3, 8, 9],
+        })
         .collect();
     let config = CalibrationConfig::new("train.jsonl");
     let calibration = CalibrationFile::from_samples(&config, "draft", "target", 20, &samples).unwrap();
@@ -68,8 +83,11 @@ fn the_report_folder_has_markdown_json_and_svg_plots() {
     for needle in [
         "# GSM8K fixture",
         "| easd | 30 | 19 | 63.3% | [45.5%, 78.1%] | 0 | 0 |",
-        "| sd | easd | 30 | 15 | 19 | 1 | 5 | 0.2188 |",
-        "| easd | 80.00 | 80.00 | 1.60× |",
+        "| sd | easd | 30 | 15 | 19 | 1 | 5 | -13.3 | [-28.4, +3.1] | 0.2188 |",
+        "| easd | S1 | 30 | 80.00 | 80.00 | 1.60× |",
+        "| S1 | `2026-11-20T09:00:00Z-p1` | 1 | 120 |",
+        "not comparable",
+        "| target | sd | 0 | 0 | – | 30 |",
         "| easd | 70.0% | 2.50 | 3.57 | 60 | 2.0% | 30 | 70.0 | 30.0 | 30.0 | 0 |",
         "![Accuracy per variant",
         "entropy.svg",

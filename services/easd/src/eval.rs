@@ -7,7 +7,7 @@ use anyhow::Context;
 use easd_eval::{
     BarProgress, CalibrationConfig, CalibrationFile, CalibrationText, CoordinatorDescription, CoordinatorGenerator,
     EasdOrder, EasdSettings, EvalConfig, Mode, ModelScorer, ReportContext, Sampling, SweepConfig, run_calibration,
-    run_eval, run_sweep, write_report, write_sweep_report,
+    run_eval, run_sweep, stored_results, write_report, write_sweep_report,
 };
 use easd_model::{ModelSources, resolve_model};
 use easd_server::local::LocalOptions;
@@ -150,6 +150,14 @@ pub struct EvalArgs {
     /// Modes to compare, comma-separated.
     #[arg(long, default_value = "draft,target,sd,easd")]
     pub modes: String,
+    /// Pre-registered comparisons A:B, comma-separated, primary first (e.g. `easd:target,easd:sd`): reported in
+    /// their own table, Holm-adjusted over these alone.
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Vec<String>,
+    /// Write the report from the results already in --out, generating nothing and loading no model (e.g. over modes
+    /// run one at a time); the report's setup line says how many lines are still missing.
+    #[arg(long)]
+    pub report_only: bool,
     #[command(flatten)]
     pub run: RunArgs,
     #[command(flatten)]
@@ -158,25 +166,51 @@ pub struct EvalArgs {
 
 pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let modes = Mode::parse_list(&args.modes)?;
+    let planned = planned_comparisons(&args.compare, &modes)?;
     let mut config = args.run.eval_config().with_modes(&modes, &easd_settings(&args.easd));
-    let (generator, stack) = args.run.generator().await?;
-    let coordinator = generator.describe().await.ok();
-    config.easd_defaults = coordinator.as_ref().map(|c| c.default_easd.clone());
-    let result = run_eval(&config, &generator, &BarProgress::new()).await;
-    if let Some(stack) = stack {
-        stack.shutdown().await;
-    }
-    let run = result?;
-    eprintln!("{} generated, {} resumed, {:.0} s", run.generated, run.resumed, run.elapsed_s);
-    let calibration = args.run.calibration.as_deref().map(CalibrationFile::load).transpose()?;
-    let context = ReportContext {
-        title: "EASD evaluation".into(),
-        setup: args.run.setup(&command_line(), &config, coordinator.as_ref()),
-        ..Default::default()
+    let (records, coordinator, status) = if args.report_only {
+        let (records, missing) = stored_results(&config)?;
+        eprintln!("{} lines in {}, {missing} missing", records.len(), config.results.display());
+        let status = format!("report only: {} lines present, {missing} not yet run", records.len());
+        (records, None, status)
+    } else {
+        let (generator, stack) = args.run.generator().await?;
+        let coordinator = generator.describe().await.ok();
+        config.easd_defaults = coordinator.as_ref().map(|c| c.default_easd.clone());
+        let result = run_eval(&config, &generator, &BarProgress::new()).await;
+        if let Some(stack) = stack {
+            stack.shutdown().await;
+        }
+        let run = result?;
+        eprintln!("{} generated, {} resumed, {:.0} s", run.generated, run.resumed, run.elapsed_s);
+        let status = format!("this run: {} generated, {} resumed", run.generated, run.resumed);
+        (run.records, coordinator, status)
     };
-    let files = write_report(&args.run.out, &run.records, context, calibration.as_ref())?;
+    let calibration = args.run.calibration.as_deref().map(CalibrationFile::load).transpose()?;
+    let mut setup = args.run.setup(&command_line(), &config, coordinator.as_ref());
+    setup.push(status);
+    let context = ReportContext { title: "EASD evaluation".into(), setup, planned, ..Default::default() };
+    let files = write_report(&args.run.out, &records, context, calibration.as_ref())?;
     println!("report: {}", files.markdown.display());
     Ok(())
+}
+
+/// `A:B` pairs of mode names, each among `modes`; checked before anything loads.
+fn planned_comparisons(compare: &[String], modes: &[Mode]) -> anyhow::Result<Vec<(String, String)>> {
+    compare
+        .iter()
+        .map(|pair| {
+            let (a, b) = pair
+                .split_once(':')
+                .with_context(|| format!("invalid --compare {pair:?}: expected A:B, e.g. easd:target"))?;
+            let (a, b) = (a.trim().parse::<Mode>()?, b.trim().parse::<Mode>()?);
+            anyhow::ensure!(a != b, "invalid --compare {pair:?}: compares {a} with itself");
+            for m in [a, b] {
+                anyhow::ensure!(modes.contains(&m), "invalid --compare {pair:?}: {m} is not among --modes");
+            }
+            Ok((a.to_string(), b.to_string()))
+        })
+        .collect()
 }
 
 #[derive(clap::Args, Debug)]
@@ -335,5 +369,18 @@ mod tests {
             default_easd: EasdSettings { penalty_alpha: Some(0.5), ..EasdSettings::default() },
         };
         assert!(coordinator_line(&unknown).ends_with("τ_draft ?, τ_target ?, ρ ?, N ?, order ?, penalty α 0.5"));
+    }
+
+    #[test]
+    fn planned_comparisons_name_two_of_the_modes_run() {
+        let modes = [Mode::Target, Mode::Sd, Mode::Easd];
+        let planned = planned_comparisons(&["easd:target".into(), " easd : SD ".into()], &modes).unwrap();
+        assert_eq!(planned, [("easd".into(), "target".into()), ("easd".into(), "sd".into())]);
+        for (bad, why) in
+            [("easd", "expected A:B"), ("easd:draft", "not among --modes"), ("sd:sd", "itself"), ("easd:fast", "fast")]
+        {
+            let err = planned_comparisons(&[bad.into()], &modes).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
     }
 }

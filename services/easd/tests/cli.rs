@@ -62,3 +62,63 @@ fn a_prompt_too_long_for_the_context_is_refused_before_the_models_load() {
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(answer["generated_tokens"].as_u64().is_some_and(|n| (1..=4).contains(&n)), "{answer}");
 }
+
+/// The study's pipeline on the tiny pair: two modes run in separate invocations (two sessions) into one folder, then
+/// `--report-only` writes the combined report — pre-registered comparison, per-session speeds, and greedy sd ≡ target
+/// token identity over real gRPC.
+#[test]
+fn modes_run_one_at_a_time_are_reported_together_with_the_planned_test_and_token_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let (draft, target) = tiny_pair(dir.path());
+    let dataset = dir.path().join("bench.jsonl");
+    let lines: Vec<String> =
+        (0..3).map(|i| format!("{{\"question\": \"What is {i} + 3?\", \"answer\": \"#### {}\"}}", i + 3)).collect();
+    std::fs::write(&dataset, lines.join("\n") + "\n").unwrap();
+    let out_dir = dir.path().join("study");
+    let common = [
+        "eval",
+        "--dataset",
+        dataset.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--offset",
+        "1",
+        "--limit",
+        "2",
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--draft-model",
+        draft.as_str(),
+        "--target-model",
+        target.as_str(),
+        "--threads",
+        "1",
+    ];
+    for mode in ["target", "sd"] {
+        let out = easd(&[&common[..], &["--modes", mode]].concat());
+        assert!(out.status.success(), "{mode}: {}", stderr(&out));
+    }
+    // A comparison of a mode that is not run is refused before anything loads.
+    let out = easd(&[&common[..], &["--modes", "target,sd", "--compare", "easd:sd", "--report-only"]].concat());
+    assert!(stderr(&out).contains("easd is not among --modes"), "{}", stderr(&out));
+
+    let out = easd(&[&common[..], &["--modes", "target,sd", "--compare", "sd:target", "--report-only"]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("loading"), "report-only loads no model: {}", stderr(&out));
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    for needle in [
+        "report only: 4 lines present, 0 not yet run",
+        "## Pre-registered comparisons",
+        "| primary | sd | target | 2 |",
+        "| S1 | `",
+        "| S2 | `",
+        "| target | sd | 2 | 2 | – | 0 |",
+    ] {
+        assert!(md.contains(needle), "missing {needle:?} in\n{md}");
+    }
+    // Two sessions, one mode each: sd's speed is never divided by the other session's target speed.
+    let sd_row = md.lines().find(|l| l.starts_with("| sd | S2 | 2 |")).expect("an sd row for session S2");
+    assert_eq!(sd_row.split('|').nth(6).map(str::trim), Some("–"), "{sd_row}");
+}
