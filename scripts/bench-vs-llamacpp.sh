@@ -51,8 +51,12 @@ EOF
     rm -rf "$src" && mv "$(dirname "$inner")" "$src"
   fi
   echo "building llama.cpp (llama-bench, llama-completion, llama-speculative-simple) …" >&2
+  # AMX needs the kernel's per-process permission, which virtual machines often withhold: ggml's AMX
+  # path then dies with SIGILL on the first multi-row product. Our kernels use no AMX either.
+  local no_amx=""
+  grep -qw amx_tile /proc/cpuinfo && no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   cmake -S "$src" -B "$llama/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
-      -DLLAMA_BUILD_TESTS=OFF >"$out/llama-cmake.log" 2>&1
+      -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" -DLLAMA_BUILD_TESTS=OFF >"$out/llama-cmake.log" 2>&1
   cmake --build "$llama/build" -j "$(nproc)" --target llama-bench llama-completion llama-speculative-simple \
       >"$out/llama-build.log" 2>&1
 }

@@ -17,6 +17,11 @@ pub struct QuantizedActs {
     pub(crate) scales: Vec<f32>,
     /// Sum of the values of each `format.sum_len()` run.
     pub(crate) sums: Vec<i32>,
+    /// Q8_K only: the sums again as pairs of i16 in one u32 (low: run 2p, high: run 2p + 1), the
+    /// broadcast operand of a pairwise i16 product: eight per block for the 16-value runs, four per
+    /// block for the 32-value sub-blocks (|sum| ≤ 32·127 fits an i16).
+    pub(crate) pairs16: Vec<u32>,
+    pub(crate) pairs32: Vec<u32>,
 }
 
 /// One row's view, as the kernels take it.
@@ -25,6 +30,8 @@ pub(crate) struct ActRow<'a> {
     pub qs: &'a [i8],
     pub scales: &'a [f32],
     pub sums: &'a [i32],
+    pub pairs16: &'a [u32],
+    pub pairs32: &'a [u32],
 }
 
 impl QuantizedActs {
@@ -38,8 +45,14 @@ impl QuantizedActs {
         for (src, dst) in x.chunks_exact(block).zip(qs.chunks_exact_mut(block)) {
             scales.push(quantize_block(src, dst));
         }
-        let sums = qs.chunks_exact(format.sum_len()).map(|c| c.iter().map(|&q| i32::from(q)).sum()).collect();
-        Self { format, rows, cols, qs, scales, sums }
+        let sums: Vec<i32> = qs.chunks_exact(format.sum_len()).map(|c| c.iter().map(|&q| i32::from(q)).sum()).collect();
+        let pair = |lo: i32, hi: i32| u32::from(lo as i16 as u16) | (u32::from(hi as i16 as u16) << 16);
+        let (mut pairs16, mut pairs32) = (Vec::new(), Vec::new());
+        if format == ActFormat::Q8K {
+            pairs16 = sums.chunks_exact(2).map(|s| pair(s[0], s[1])).collect();
+            pairs32 = sums.chunks_exact(4).map(|s| pair(s[0] + s[1], s[2] + s[3])).collect();
+        }
+        Self { format, rows, cols, qs, scales, sums, pairs16, pairs32 }
     }
 
     pub fn format(&self) -> ActFormat {
@@ -60,6 +73,8 @@ impl QuantizedActs {
             qs: &self.qs[r * k..(r + 1) * k],
             scales: &self.scales[r * k / f.block_len()..(r + 1) * k / f.block_len()],
             sums: &self.sums[r * k / f.sum_len()..(r + 1) * k / f.sum_len()],
+            pairs16: self.pairs16.get(r * k / 32..(r + 1) * k / 32).unwrap_or(&[]),
+            pairs32: self.pairs32.get(r * k / 64..(r + 1) * k / 64).unwrap_or(&[]),
         }
     }
 }
@@ -90,6 +105,13 @@ mod tests {
         assert_eq!(a.scales.len(), 2);
         assert_eq!(a.sums.len(), 32);
         assert_eq!(a.sums[3], a.qs[48..64].iter().map(|&q| i32::from(q)).sum::<i32>());
+        let row = a.row(1);
+        assert_eq!(row.pairs16.len(), 8);
+        assert_eq!(row.pairs16[1] as u16 as i16 as i32, a.sums[16 + 2]);
+        assert_eq!(
+            (row.pairs32[1] >> 16) as u16 as i16 as i32,
+            a.qs[256 + 96..256 + 128].iter().map(|&q| i32::from(q)).sum::<i32>()
+        );
         for (i, &v) in x.iter().enumerate().take(256) {
             assert!((f32::from(a.qs[i]) * a.scales[0] - v).abs() <= a.scales[0] * 0.5 + 1e-6);
         }

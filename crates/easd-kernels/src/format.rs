@@ -9,11 +9,21 @@
 //! * Q6_K, 256 weights, 210 bytes: `u8 ql[128], u8 qh[64], i8 scales[16], f16 d`; sixteen groups of 16
 //!   with an 8-bit scale; w = d·s·(q − 32).
 //!
-//! Repacked at load: a Q4_K block is held as `f16 d, f16 dmin, u8 scales[8], u8 mins[8], u8 qs[128]`
-//! (148 bytes) so the kernels do not unpack the 6-bit fields on every product, and its weights are
-//! reordered so that one 64-byte load gives 128 consecutive weights: byte `64h + i` holds weight
-//! `128h + i` in its low nibble and `128h + 64 + i` in its high nibble (the file pairs weights 32
-//! apart). Every other format is held as stored.
+//! Tiled at load: the K-quants (Q4_K, Q6_K) are held in tiles of [`TILE`] weight rows, block by block,
+//! with the sixteen rows' values interleaved so that one 64-byte line holds four consecutive weights
+//! of every row (byte `4o + i`: row `o`, weight `i` of the quad). A SIMD register then carries one
+//! output per lane, an activation quad is broadcast to all of them, and no horizontal reduction is
+//! needed (ggml's "repacked" GEMV idea, here with sixteen rows). Rows are padded with zero blocks to a
+//! whole tile. The tile block of sixteen rows' block `b`:
+//! * Q4_K (2368 bytes): `f16 d[16]`, `f16 dmin[16]`, `u8 scales[4][16][2]`, `u8 mins[4][16][2]` (pair
+//!   `p` holds sub-blocks 2p and 2p + 1), then 32 lines: line `4j + q` holds in its low nibbles weights
+//!   `32j + 4q ..+4` and in its high nibbles `32j + 16 + 4q ..+4`.
+//! * Q6_K (3360 bytes): `f16 d[16]`, `i8 scales[8][16][2]` (pair `p`: groups 2p, 2p + 1), 32 lines of
+//!   low four bits (line `2g + h`: low nibbles weights `16g + 8h ..+4`, high nibbles `16g + 8h + 4 ..+4`),
+//!   then 16 lines of high two bits (line `g`: bits `2t, 2t + 1` of byte `4o + i` belong to weight
+//!   `16g + 4t + i`).
+//!
+//! Q8_0 and Q5_0 are held as stored, row after row.
 
 use crate::KernelError;
 
@@ -56,11 +66,16 @@ impl Format {
         }
     }
 
-    /// Bytes per block as the kernels hold it (see the module doc).
-    pub const fn held_block_bytes(self) -> usize {
+    /// Whether the kernels hold this format in tiles of [`TILE`] rows (see the module doc).
+    pub(crate) const fn tiled(self) -> bool {
+        matches!(self, Format::Q4K | Format::Q6K)
+    }
+
+    /// Bytes of one tile block (the tiled formats): [`TILE`] rows' block `b`.
+    pub(crate) const fn tile_block_bytes(self) -> usize {
         match self {
-            Format::Q4K => Q4K_HELD_BYTES,
-            other => other.block_bytes(),
+            Format::Q4K => Q4K_TILE_BYTES,
+            _ => TILE * self.block_bytes(), // Q6_K: as dense as the file
         }
     }
 
@@ -80,24 +95,57 @@ impl Format {
         Ok(cols / self.block_len() * self.block_bytes())
     }
 
-    /// Converts one GGUF block to the held layout, appending it to `out`.
-    pub(crate) fn hold_block(self, block: &[u8], out: &mut Vec<u8>) {
+    /// Appends the tile block made of `rows`' blocks (GGUF layout; `None`: a padding row of zeros).
+    pub(crate) fn tile_block(self, rows: &[Option<&[u8]>; TILE], out: &mut Vec<u8>) {
+        let zero = [0u8; 210];
+        let blk = |o: usize| rows[o].unwrap_or(&zero[..self.block_bytes()]);
+        let at = out.len();
+        out.resize(at + self.tile_block_bytes(), 0);
+        let t = &mut out[at..];
         match self {
             Format::Q4K => {
-                out.extend_from_slice(&block[..4]);
-                let packed = &block[4..16];
-                out.extend((0..8).map(|j| q4k_scale_min(packed, j).0));
-                out.extend((0..8).map(|j| q4k_scale_min(packed, j).1));
-                let file_q = |e: usize| {
-                    let byte = block[16 + 32 * (e / 64) + e % 32];
-                    if e % 64 < 32 { byte & 0x0F } else { byte >> 4 }
-                };
-                out.extend((0..128).map(|k| {
-                    let e = 128 * (k / 64) + k % 64;
-                    file_q(e) | (file_q(e + 64) << 4)
-                }));
+                for o in 0..TILE {
+                    let b = blk(o);
+                    t[2 * o..2 * o + 2].copy_from_slice(&b[..2]);
+                    t[32 + 2 * o..32 + 2 * o + 2].copy_from_slice(&b[2..4]);
+                    for j in 0..8 {
+                        let (s, m) = q4k_scale_min(&b[4..16], j);
+                        t[Q4K_SCALES + 32 * (j / 2) + 2 * o + j % 2] = s;
+                        t[Q4K_MINS + 32 * (j / 2) + 2 * o + j % 2] = m;
+                    }
+                    let file_q = |e: usize| {
+                        let byte = b[16 + 32 * (e / 64) + e % 32];
+                        if e % 64 < 32 { byte & 0x0F } else { byte >> 4 }
+                    };
+                    for j in 0..8 {
+                        for q in 0..4 {
+                            for i in 0..4 {
+                                let e = 32 * j + 4 * q + i;
+                                t[Q4K_LINES + 64 * (4 * j + q) + 4 * o + i] = file_q(e) | (file_q(e + 16) << 4);
+                            }
+                        }
+                    }
+                }
             }
-            _ => out.extend_from_slice(block),
+            Format::Q6K => {
+                for o in 0..TILE {
+                    let b = blk(o);
+                    t[2 * o..2 * o + 2].copy_from_slice(&b[208..210]);
+                    for g in 0..16 {
+                        t[Q6K_SCALES + 32 * (g / 2) + 2 * o + g % 2] = b[192 + g];
+                        for i in 0..4 {
+                            for h in 0..2 {
+                                let e = 16 * g + 8 * h + i;
+                                t[Q6K_LOW + 64 * (2 * g + h) + 4 * o + i] =
+                                    (q6k_value(b, e) & 0x0F) | ((q6k_value(b, e + 4) & 0x0F) << 4);
+                            }
+                            t[Q6K_HIGH + 64 * g + 4 * o + i] =
+                                (0..4).fold(0, |acc, q| acc | ((q6k_value(b, 16 * g + 4 * q + i) >> 4) << (2 * q)));
+                        }
+                    }
+                }
+            }
+            _ => unreachable!("{self:?} is not tiled"),
         }
     }
 }
@@ -119,9 +167,19 @@ impl ActFormat {
     }
 }
 
-/// Bytes of a held Q4_K block; its scales start at 4, its mins at 12, its weights at 20.
-pub(crate) const Q4K_HELD_BYTES: usize = 148;
-pub(crate) const Q4K_QS: usize = 20;
+/// Weight rows per tile of the tiled formats.
+pub(crate) const TILE: usize = 16;
+
+/// Offsets in a Q4_K tile block: scale pairs, min pairs, weight lines; and its size.
+pub(crate) const Q4K_SCALES: usize = 64;
+pub(crate) const Q4K_MINS: usize = 192;
+pub(crate) const Q4K_LINES: usize = 320;
+pub(crate) const Q4K_TILE_BYTES: usize = Q4K_LINES + 32 * 64;
+
+/// Offsets in a Q6_K tile block: scale pairs, low-bit lines, high-bit lines.
+pub(crate) const Q6K_SCALES: usize = 32;
+pub(crate) const Q6K_LOW: usize = 288;
+pub(crate) const Q6K_HIGH: usize = Q6K_LOW + 32 * 64;
 
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -162,15 +220,40 @@ pub(crate) fn q6k_value(block: &[u8], e: usize) -> u8 {
     low | (((qh >> (2 * quarter)) & 3) << 4)
 }
 
-/// The unsigned 4-bit value of weight `e` (0..256) of a held Q4_K block and its sub-block.
+/// Weight `e` (0..256) of row `o` in a Q4_K tile block: its 4-bit value and its sub-block.
 #[inline(always)]
-pub(crate) fn q4k_value(block: &[u8], e: usize) -> (u8, usize) {
-    let (half, within) = (e / 128, e % 128);
-    let byte = block[Q4K_QS + 64 * half + within % 64];
-    (if within < 64 { byte & 0x0F } else { byte >> 4 }, e / 32)
+pub(crate) fn q4k_tile_value(t: &[u8], o: usize, e: usize) -> (u8, usize) {
+    let (j, within) = (e / 32, e % 32);
+    let (high, q, i) = (within / 16, within % 16 / 4, within % 4);
+    let byte = t[Q4K_LINES + 64 * (4 * j + q) + 4 * o + i];
+    (if high == 0 { byte & 0x0F } else { byte >> 4 }, j)
 }
 
-/// Dequantizes one held block into `out` (`format.block_len()` values).
+/// Scale and min of sub-block `j` of row `o` in a Q4_K tile block.
+#[inline(always)]
+pub(crate) fn q4k_tile_scale_min(t: &[u8], o: usize, j: usize) -> (u8, u8) {
+    let at = 32 * (j / 2) + 2 * o + j % 2;
+    (t[Q4K_SCALES + at], t[Q4K_MINS + at])
+}
+
+/// Weight `e` (0..256) of row `o` in a Q6_K tile block: its unsigned 6-bit value.
+#[inline(always)]
+pub(crate) fn q6k_tile_value(t: &[u8], o: usize, e: usize) -> u8 {
+    let (g, within) = (e / 16, e % 16);
+    let (quad, i) = (within / 4, within % 4);
+    let low = t[Q6K_LOW + 64 * (2 * g + quad / 2) + 4 * o + i];
+    let low = if quad % 2 == 0 { low & 0x0F } else { low >> 4 };
+    let high = (t[Q6K_HIGH + 64 * g + 4 * o + i] >> (2 * quad)) & 3;
+    low | (high << 4)
+}
+
+/// Scale of group `g` (0..16) of row `o` in a Q6_K tile block.
+#[inline(always)]
+pub(crate) fn q6k_tile_scale(t: &[u8], o: usize, g: usize) -> i8 {
+    t[Q6K_SCALES + 32 * (g / 2) + 2 * o + g % 2] as i8
+}
+
+/// Dequantizes one block of a row-layout format into `out` (`format.block_len()` values).
 pub(crate) fn dequantize_block(format: Format, block: &[u8], out: &mut [f32]) {
     match format {
         Format::Q8_0 => {
@@ -185,20 +268,28 @@ pub(crate) fn dequantize_block(format: Format, block: &[u8], out: &mut [f32]) {
                 *o = d * f32::from(q5_0_value(block, j) as i8 - 16);
             }
         }
+        Format::Q4K | Format::Q6K => unreachable!("tiled formats dequantize with `dequantize_tile_row`"),
+    }
+}
+
+/// Dequantizes row `o` of one tile block of a tiled format into `out` (256 values).
+pub(crate) fn dequantize_tile_row(format: Format, t: &[u8], o: usize, out: &mut [f32]) {
+    match format {
         Format::Q4K => {
-            let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
-            for (e, o) in out.iter_mut().enumerate().take(256) {
-                let (q, sub) = q4k_value(block, e);
-                let (s, m) = (block[4 + sub], block[12 + sub]);
-                *o = d * f32::from(s) * f32::from(q) - dmin * f32::from(m);
+            let (d, dmin) = (f16_at(t, 2 * o), f16_at(t, 32 + 2 * o));
+            for (e, v) in out.iter_mut().enumerate().take(256) {
+                let (q, sub) = q4k_tile_value(t, o, e);
+                let (s, m) = q4k_tile_scale_min(t, o, sub);
+                *v = d * f32::from(s) * f32::from(q) - dmin * f32::from(m);
             }
         }
         Format::Q6K => {
-            let d = f16_at(block, 208);
-            for (e, o) in out.iter_mut().enumerate().take(256) {
-                let s = block[192 + e / 16] as i8;
-                *o = d * f32::from(s) * f32::from(q6k_value(block, e) as i8 - 32);
+            let d = f16_at(t, 2 * o);
+            for (e, v) in out.iter_mut().enumerate().take(256) {
+                let s = q6k_tile_scale(t, o, e / 16);
+                *v = d * f32::from(s) * f32::from(q6k_tile_value(t, o, e) as i8 - 32);
             }
         }
+        _ => unreachable!("{format:?} is not tiled"),
     }
 }

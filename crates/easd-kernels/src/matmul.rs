@@ -8,23 +8,24 @@ use rayon::prelude::*;
 
 use crate::KernelError;
 use crate::act::{ActRow, QuantizedActs};
-use crate::format::{ActFormat, Format, dequantize_block};
+use crate::format::{ActFormat, Format, TILE, dequantize_block, dequantize_tile_row};
 use crate::isa::Isa;
 use crate::pool::pool;
 use crate::scalar;
 
-/// Rows computed by one kernel call (weights unpacked once for all of them).
-const TILE_ROWS: usize = 4;
 /// Weight bytes of one work unit: small enough to stay in L2 while every activation tile passes.
 const UNIT_BYTES: usize = 256 << 10;
 
-/// A `rows × cols` weight matrix in one GGML block format, rows contiguous.
+/// A `rows × cols` weight matrix in one GGML block format, held in stripes: one row each (Q8_0,
+/// Q5_0, as stored) or one tile of [`TILE`] interleaved rows each (the K-quants, see `format.rs`).
 #[derive(Clone)]
 pub struct QMatrix {
     format: Format,
     rows: usize,
     cols: usize,
-    row_bytes: usize,
+    /// Weight rows per stripe: 1, or [`TILE`] for the tiled formats.
+    stripe_rows: usize,
+    stripe_bytes: usize,
     data: Vec<u8>,
 }
 
@@ -35,8 +36,8 @@ impl std::fmt::Debug for QMatrix {
 }
 
 impl QMatrix {
-    /// Takes the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row); Q4_K
-    /// blocks are repacked (see `format.rs`).
+    /// Takes the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row); the
+    /// K-quants are tiled (see `format.rs`).
     pub fn new(format: Format, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, KernelError> {
         let file_row_bytes = format.row_bytes(cols)?;
         if data.len() != rows * file_row_bytes {
@@ -48,17 +49,23 @@ impl QMatrix {
                 actual: data.len(),
             });
         }
-        let row_bytes = cols / format.block_len() * format.held_block_bytes();
-        let data = if row_bytes == file_row_bytes {
-            data
-        } else {
-            let mut held = Vec::with_capacity(rows * row_bytes);
-            for block in data.chunks_exact(format.block_bytes()) {
-                format.hold_block(block, &mut held);
+        if !format.tiled() {
+            return Ok(Self { format, rows, cols, stripe_rows: 1, stripe_bytes: file_row_bytes, data });
+        }
+        let nb = cols / format.block_len();
+        let stripe_bytes = nb * format.tile_block_bytes();
+        let mut held = Vec::with_capacity(rows.div_ceil(TILE) * stripe_bytes);
+        let bb = format.block_bytes();
+        for first in (0..rows).step_by(TILE) {
+            for b in 0..nb {
+                let blocks: [Option<&[u8]>; TILE] = std::array::from_fn(|o| {
+                    let r = first + o;
+                    (r < rows).then(|| &data[r * file_row_bytes + b * bb..r * file_row_bytes + (b + 1) * bb])
+                });
+                format.tile_block(&blocks, &mut held);
             }
-            held
-        };
-        Ok(Self { format, rows, cols, row_bytes, data })
+        }
+        Ok(Self { format, rows, cols, stripe_rows: TILE, stripe_bytes, data: held })
     }
 
     pub fn format(&self) -> Format {
@@ -78,10 +85,6 @@ impl QMatrix {
         self.data.len()
     }
 
-    fn row_data(&self, r: usize) -> &[u8] {
-        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
-    }
-
     /// Row `r` as f32 (an embedding lookup); `out.len()` must be `cols`.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
         if r >= self.rows {
@@ -89,8 +92,15 @@ impl QMatrix {
         }
         assert_eq!(out.len(), self.cols, "output row length");
         let n = self.format.block_len();
-        for (blk, o) in self.row_data(r).chunks_exact(self.format.held_block_bytes()).zip(out.chunks_exact_mut(n)) {
-            dequantize_block(self.format, blk, o);
+        let stripe = &self.data[r / self.stripe_rows * self.stripe_bytes..][..self.stripe_bytes];
+        if self.format.tiled() {
+            for (t, o) in stripe.chunks_exact(self.format.tile_block_bytes()).zip(out.chunks_exact_mut(n)) {
+                dequantize_tile_row(self.format, t, r % TILE, o);
+            }
+        } else {
+            for (blk, o) in stripe.chunks_exact(self.format.block_bytes()).zip(out.chunks_exact_mut(n)) {
+                dequantize_block(self.format, blk, o);
+            }
         }
         Ok(())
     }
@@ -133,8 +143,9 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
             ActFormat::Q8x32 => q8x32.as_ref(),
         }
         .expect("quantized above");
-        let per_unit = w.rows.div_ceil(4 * threads).clamp(1, (UNIT_BYTES / w.row_bytes).max(1));
-        for (u, chunk) in out.chunks_mut(per_unit * m).enumerate() {
+        let stripes = w.rows.div_ceil(w.stripe_rows);
+        let per_unit = stripes.div_ceil(4 * threads).clamp(1, (UNIT_BYTES / w.stripe_bytes).max(1));
+        for (u, chunk) in out.chunks_mut(per_unit * w.stripe_rows * m).enumerate() {
             units.push((*w, acts, u * per_unit, chunk));
         }
     }
@@ -162,39 +173,73 @@ fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     dst
 }
 
-/// Weight rows `first..` (as many as `out` holds) against every activation row, tile by tile.
+/// Stripes `first..` (as many as cover the rows `out` holds) against every activation row, tile
+/// of activation rows by tile.
 fn run_unit(isa: Isa, w: &QMatrix, acts: &QuantizedActs, first: usize, out: &mut [f32]) {
     let m = acts.rows();
     let n = out.len() / m;
-    let rows = &w.data[first * w.row_bytes..(first + n) * w.row_bytes];
+    let stripes = &w.data[first * w.stripe_bytes..(first + n.div_ceil(w.stripe_rows)) * w.stripe_bytes];
+    // Activation rows per kernel call: the tile kernels keep one accumulator per row and go to
+    // eight; the 32-block kernels hold more state per row and stop at four.
+    let most = if w.format.tiled() { 8 } else { 4 };
     let mut r = 0;
     while r < m {
-        let t = (m - r).min(TILE_ROWS);
+        let t = (m - r).min(most);
         let dst = &mut out[r..];
         match t {
-            1 => tile::<1>(isa, w, rows, acts, r, dst),
-            2 => tile::<2>(isa, w, rows, acts, r, dst),
-            3 => tile::<3>(isa, w, rows, acts, r, dst),
-            _ => tile::<4>(isa, w, rows, acts, r, dst),
+            1 => tile::<1>(isa, w, stripes, n, acts, r, dst),
+            2 => tile::<2>(isa, w, stripes, n, acts, r, dst),
+            3 => tile::<3>(isa, w, stripes, n, acts, r, dst),
+            4 => tile::<4>(isa, w, stripes, n, acts, r, dst),
+            5 => tile::<5>(isa, w, stripes, n, acts, r, dst),
+            6 => tile::<6>(isa, w, stripes, n, acts, r, dst),
+            7 => tile::<7>(isa, w, stripes, n, acts, r, dst),
+            _ => tile::<8>(isa, w, stripes, n, acts, r, dst),
         }
         r += t;
     }
 }
 
-/// Activation rows `r0..r0 + R` against the weight rows `rows`; (weight row i, activation row
-/// r0 + j) goes to `out[i·m + j]`.
-fn tile<const R: usize>(isa: Isa, w: &QMatrix, rows: &[u8], acts: &QuantizedActs, r0: usize, out: &mut [f32]) {
+/// Activation rows `r0..r0 + R` against the `n` weight rows held in `stripes`; (weight row i,
+/// activation row r0 + j) goes to `out[i·m + j]`.
+fn tile<const R: usize>(
+    isa: Isa,
+    w: &QMatrix,
+    stripes: &[u8],
+    n: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    out: &mut [f32],
+) {
     let a: [ActRow<'_>; R] = std::array::from_fn(|i| acts.row(r0 + i));
     let m = acts.rows();
+    let sb = w.stripe_bytes;
     match isa {
         // SAFETY: `matmul_with` checked that the CPU has the path's features.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { crate::x86::dot_rows_avx2::<R>(w.format, rows, w.row_bytes, &a, out, m) },
+        Isa::Avx2 if w.format.tiled() => unsafe { crate::x86::tiles_avx2::<R>(w.format, stripes, sb, n, &a, out, m) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => unsafe { crate::x86::dot_rows_vnni::<R>(w.format, rows, w.row_bytes, &a, out, m) },
+        Isa::Avx512Vnni if w.format.tiled() => unsafe {
+            crate::x86::tiles_vnni::<R>(w.format, stripes, sb, n, &a, out, m)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { crate::x86::dot_rows_avx2::<R>(w.format, stripes, sb, &a, out, m) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { crate::x86::dot_rows_vnni::<R>(w.format, stripes, sb, &a, out, m) },
+        _ if w.format.tiled() => {
+            for (t, stripe) in stripes.chunks_exact(sb).enumerate() {
+                for o in 0..TILE.min(n - TILE * t) {
+                    for (j, act) in a.iter().enumerate() {
+                        out[(TILE * t + o) * m + j] = scalar::dot_tile_row(w.format, stripe, o, *act);
+                    }
+                }
+            }
+        }
         _ => {
-            for (i, row) in rows.chunks_exact(w.row_bytes).enumerate() {
+            for (i, row) in stripes.chunks_exact(sb).enumerate() {
                 for (j, act) in a.iter().enumerate() {
                     out[i * m + j] = scalar::dot_row(w.format, row, *act);
                 }

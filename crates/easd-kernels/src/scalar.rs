@@ -7,7 +7,7 @@
 //! are computed together, which is what makes the products batch-invariant.
 
 use crate::act::ActRow;
-use crate::format::{Format, f16_at, q4k_value as q4k_weight, q5_0_value, q6k_value as q6k_weight};
+use crate::format::{Format, f16_at, q4k_tile_scale_min, q4k_tile_value, q5_0_value, q6k_tile_scale, q6k_tile_value};
 
 pub(crate) const LANES: usize = 8;
 
@@ -34,21 +34,9 @@ pub(crate) fn q6k_value(da: f32, d: f32, isum: i32) -> f32 {
     (da * d) * isum as f32
 }
 
-/// `Σ m_j · (sum of sub-block j's activations)` of a Q4_K block (exact).
-#[inline(always)]
-pub(crate) fn q4k_summin(mins: &[u8], bsums: &[i32]) -> i32 {
-    (0..8).map(|j| i32::from(mins[j]) * (bsums[2 * j] + bsums[2 * j + 1])).sum()
-}
-
-/// `32 · Σ s_g · (sum of group g's activations)` of a Q6_K block (exact): the −32 offset.
-#[inline(always)]
-pub(crate) fn q6k_offset(scales: &[u8], bsums: &[i32]) -> i32 {
-    32 * (0..16).map(|g| i32::from(scales[g] as i8) * bsums[g]).sum::<i32>()
-}
-
-/// One weight row (`format` blocks) against one activation row.
+/// One weight row of a row-layout format (Q8_0, Q5_0 blocks) against one activation row.
 pub(crate) fn dot_row(format: Format, w: &[u8], a: ActRow<'_>) -> f32 {
-    let bb = format.held_block_bytes();
+    let bb = format.block_bytes();
     let mut acc = [0f32; LANES];
     for (b, blk) in w.chunks_exact(bb).enumerate() {
         let value = match format {
@@ -62,32 +50,44 @@ pub(crate) fn dot_row(format: Format, w: &[u8], a: ActRow<'_>) -> f32 {
                 let dot: i32 = (0..32).map(|j| i32::from(q5_0_value(blk, j)) * i32::from(qa[j])).sum();
                 q8_value(f16_at(blk, 0), a.scales[b], dot - 16 * a.sums[b])
             }
+            Format::Q4K | Format::Q6K => unreachable!("tiled formats use `dot_tile_row`"),
+        };
+        acc[b % LANES] += value;
+    }
+    reduce_lanes(&acc)
+}
+
+/// Row `o` of a stripe of tile blocks (a tiled format, one tile's blocks in order) against one
+/// activation row.
+pub(crate) fn dot_tile_row(format: Format, stripe: &[u8], o: usize, a: ActRow<'_>) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (b, t) in stripe.chunks_exact(format.tile_block_bytes()).enumerate() {
+        let qa = &a.qs[256 * b..256 * b + 256];
+        let sums = &a.sums[16 * b..16 * b + 16];
+        let value = match format {
             Format::Q4K => {
-                let qa = &a.qs[256 * b..256 * b + 256];
-                let (scales, mins) = (&blk[4..12], &blk[12..20]);
-                let isum: i32 = (0..8)
-                    .map(|j| {
-                        let dot: i32 =
-                            (32 * j..32 * j + 32).map(|e| i32::from(q4k_weight(blk, e).0) * i32::from(qa[e])).sum();
-                        i32::from(scales[j]) * dot
-                    })
-                    .sum();
-                let summin = q4k_summin(mins, &a.sums[16 * b..16 * b + 16]);
-                q4k_value(a.scales[b], f16_at(blk, 0), f16_at(blk, 2), isum, summin)
+                let (mut isum, mut summin) = (0i32, 0i32);
+                for j in 0..8 {
+                    let dot: i32 =
+                        (32 * j..32 * j + 32).map(|e| i32::from(q4k_tile_value(t, o, e).0) * i32::from(qa[e])).sum();
+                    let (s, m) = q4k_tile_scale_min(t, o, j);
+                    isum += i32::from(s) * dot;
+                    summin += i32::from(m) * (sums[2 * j] + sums[2 * j + 1]);
+                }
+                q4k_value(a.scales[b], f16_at(t, 2 * o), f16_at(t, 32 + 2 * o), isum, summin)
             }
             Format::Q6K => {
-                let qa = &a.qs[256 * b..256 * b + 256];
-                let scales = &blk[192..208];
-                let isum: i32 = (0..16)
-                    .map(|g| {
-                        let dot: i32 =
-                            (16 * g..16 * g + 16).map(|e| i32::from(q6k_weight(blk, e)) * i32::from(qa[e])).sum();
-                        i32::from(scales[g] as i8) * dot
-                    })
-                    .sum();
-                let offset = q6k_offset(scales, &a.sums[16 * b..16 * b + 16]);
-                q6k_value(a.scales[b], f16_at(blk, 208), isum - offset)
+                let (mut isum, mut offset) = (0i32, 0i32);
+                for (g, &group_sum) in sums.iter().enumerate() {
+                    let dot: i32 =
+                        (16 * g..16 * g + 16).map(|e| i32::from(q6k_tile_value(t, o, e)) * i32::from(qa[e])).sum();
+                    let s = i32::from(q6k_tile_scale(t, o, g));
+                    isum += s * dot;
+                    offset += s * group_sum;
+                }
+                q6k_value(a.scales[b], f16_at(t, 2 * o), isum - 32 * offset)
             }
+            _ => unreachable!("{format:?} is not tiled"),
         };
         acc[b % LANES] += value;
     }

@@ -1,24 +1,31 @@
-//! x86-64 kernels: AVX2 (+F16C), and AVX-512 VNNI (256-bit `vpdpbusd`) where the CPU has it.
+//! x86-64 kernels: AVX2 (+F16C), and AVX-512 VNNI where the CPU has it.
 //!
 //! Each kernel computes the exact integer block sums with SIMD and then performs the float
 //! operations of the portable path (`scalar.rs`) in the same order, so its results are
-//! bit-identical to it; the tests check that. One weight row is dotted with up to four activation
-//! rows at once: the weights are loaded and unpacked once, every row gets its own accumulators,
-//! and the arithmetic per row does not depend on how many rows share the call.
+//! bit-identical to it; the tests check that.
 //!
-//! Learned from ggml-cpu's `ggml_vec_dot_{q4_K,q6_K,q8_0,q5_0}_q8_*` (the sign trick for signed
-//! bytes, the Q5 high-bit expansion), written anew around the canonical accumulation.
+//! * K-quants (Q4_K, Q6_K), held in tiles of sixteen interleaved weight rows (`format.rs`): one
+//!   SIMD lane per weight row, each activation quad broadcast to all sixteen (`vpdpbusd` with an
+//!   embedded broadcast on AVX-512), no horizontal sums; up to eight activation rows share each
+//!   unpacked weight line. Written once against `Lanes` (one `zmm`, or two `ymm` on AVX2).
+//! * Q8_0 / Q5_0, held row by row: one weight row against up to four activation rows, eight blocks
+//!   at a time so that their sums form one vector in the canonical lane order.
+//!
+//! In both, the arithmetic per activation row does not depend on how many rows share the call.
+//! Learned from ggml-cpu's `ggml_vec_dot_*_q8_*` (the sign trick for signed bytes, the Q5 high-bit
+//! expansion) and its repacked `q4_K` GEMV (interleaved rows), written anew around the canonical
+//! accumulation.
 
 use core::arch::x86_64::*;
 
 use crate::act::ActRow;
-use crate::format::{Format, Q4K_HELD_BYTES, Q4K_QS};
-use crate::scalar::{LANES, q4k_value, q6k_value, q8_value, reduce_lanes};
+use crate::format::{Format, Q4K_LINES, Q4K_MINS, Q4K_SCALES, Q4K_TILE_BYTES, Q6K_HIGH, Q6K_LOW, Q6K_SCALES, TILE};
+use crate::scalar::{LANES, q8_value, reduce_lanes};
 
 /// Checks what the pointer arithmetic below relies on: whole blocks, and activation rows as long
 /// as the weight row.
 fn check_shapes<const R: usize>(format: Format, w: &[u8], a: &[ActRow<'_>; R]) {
-    let bb = format.held_block_bytes();
+    let bb = format.block_bytes();
     assert!(w.len().is_multiple_of(bb), "weight row of {} bytes is not whole {format:?} blocks", w.len());
     let nb = w.len() / bb;
     let cols = nb * format.block_len();
@@ -89,10 +96,7 @@ unsafe fn dispatch<const R: usize, const VNNI: bool>(format: Format, w: &[u8], a
         match format {
             Format::Q8_0 => q8_family::<R, VNNI, false>(w, a),
             Format::Q5_0 => q8_family::<R, VNNI, true>(w, a),
-            Format::Q4K if VNNI => q4k_zmm::<R>(w, a),
-            Format::Q6K if VNNI => q6k_zmm::<R>(w, a),
-            Format::Q4K => q4k::<R>(w, a),
-            Format::Q6K => q6k::<R>(w, a),
+            Format::Q4K | Format::Q6K => unreachable!("tiled formats run `tiles_*`"),
         }
     }
 }
@@ -257,462 +261,581 @@ unsafe fn q8_family<const R: usize, const VNNI: bool, const Q5: bool>(w: &[u8], 
     out
 }
 
-/// A held Q4_K block's mins as i32, in the lane order of [`q8k_subblock_sums`].
-#[inline(always)]
-unsafe fn q4k_mins(blk: &[u8]) -> __m256i {
-    // SAFETY: `blk` is a whole held block (mins at 12..20).
-    unsafe {
-        _mm256_permutevar8x32_epi32(
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.as_ptr().add(12) as *const __m128i)),
-            _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
-        )
+/// Sixteen i32 lanes, one per weight row of a tile (see `format.rs`), and sixteen f32 lanes for
+/// the float steps: one `zmm`, or two `ymm` on AVX2. The tile kernels below are written once
+/// against this and instantiated for both.
+trait Lanes: Copy {
+    type F: Copy;
+    unsafe fn zero() -> Self;
+    /// 64 bytes.
+    unsafe fn load(p: *const u8) -> Self;
+    unsafe fn splat8(v: i8) -> Self;
+    unsafe fn and(self, o: Self) -> Self;
+    unsafe fn or(self, o: Self) -> Self;
+    unsafe fn shl16_4(self) -> Self;
+    unsafe fn shl16_2(self) -> Self;
+    unsafe fn shr16_2(self) -> Self;
+    unsafe fn shr16_4(self) -> Self;
+    /// `self + Σ` of each lane's four u8 of `w` times the four i8 of `a` (exact, no saturation
+    /// for our value ranges).
+    unsafe fn dot4(self, w: Self, a: i32) -> Self;
+    /// `self + Σ` of each lane's two i16 of `w` times the two i16 of `a` (exact).
+    unsafe fn dot2(self, w: Self, a: i32) -> Self;
+    unsafe fn mul(self, o: Self) -> Self;
+    unsafe fn add(self, o: Self) -> Self;
+    unsafe fn sub(self, o: Self) -> Self;
+    unsafe fn times32(self) -> Self;
+    /// 32 bytes as 32 i16, zero- or sign-extended: lane o holds bytes 2o, 2o + 1.
+    unsafe fn widen_u8(p: *const u8) -> Self;
+    unsafe fn widen_i8(p: *const u8) -> Self;
+    /// Each lane's low / high i16, sign-extended.
+    unsafe fn low_i16(self) -> Self;
+    unsafe fn high_i16(self) -> Self;
+    unsafe fn to_f(self) -> Self::F;
+    unsafe fn fzero() -> Self::F;
+    /// 16 f16 (32 bytes) as f32 (exact).
+    unsafe fn f16s(p: *const u8) -> Self::F;
+    unsafe fn fsplat(v: f32) -> Self::F;
+    unsafe fn fmul(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn fadd(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn fsub(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn fstore(a: Self::F, out: &mut [f32; TILE]);
+}
+
+#[derive(Clone, Copy)]
+struct Zmm(__m512i);
+
+// SAFETY (every method): register intrinsics, or reads of the documented width at `p`, which the
+// callers guarantee; AVX-512 F/BW/VNNI and F16C are the callers' features.
+impl Lanes for Zmm {
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_setzero_si512()) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_loadu_si512(p as *const __m512i)) }
+    }
+    #[inline(always)]
+    unsafe fn splat8(v: i8) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_set1_epi8(v)) }
+    }
+    #[inline(always)]
+    unsafe fn and(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_and_si512(self.0, o.0)) }
+    }
+    #[inline(always)]
+    unsafe fn or(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_or_si512(self.0, o.0)) }
+    }
+    #[inline(always)]
+    unsafe fn shl16_4(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_slli_epi16::<4>(self.0)) }
+    }
+    #[inline(always)]
+    unsafe fn shl16_2(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_slli_epi16::<2>(self.0)) }
+    }
+    #[inline(always)]
+    unsafe fn shr16_2(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_srli_epi16::<2>(self.0)) }
+    }
+    #[inline(always)]
+    unsafe fn shr16_4(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_srli_epi16::<4>(self.0)) }
+    }
+    #[inline(always)]
+    unsafe fn dot4(self, w: Self, a: i32) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_dpbusd_epi32(self.0, w.0, _mm512_set1_epi32(a))) }
+    }
+    #[inline(always)]
+    unsafe fn dot2(self, w: Self, a: i32) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_dpwssd_epi32(self.0, w.0, _mm512_set1_epi32(a))) }
+    }
+    #[inline(always)]
+    unsafe fn mul(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_mullo_epi32(self.0, o.0)) }
+    }
+    #[inline(always)]
+    unsafe fn add(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_add_epi32(self.0, o.0)) }
+    }
+    #[inline(always)]
+    unsafe fn sub(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_sub_epi32(self.0, o.0)) }
+    }
+    #[inline(always)]
+    unsafe fn times32(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_slli_epi32::<5>(self.0)) }
+    }
+    #[inline(always)]
+    unsafe fn widen_u8(p: *const u8) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_cvtepu8_epi16(_mm256_loadu_si256(p as *const __m256i))) }
+    }
+    #[inline(always)]
+    unsafe fn widen_i8(p: *const u8) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_cvtepi8_epi16(_mm256_loadu_si256(p as *const __m256i))) }
+    }
+    #[inline(always)]
+    unsafe fn low_i16(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(self.0))) }
+    }
+    #[inline(always)]
+    unsafe fn high_i16(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Zmm(_mm512_srai_epi32::<16>(self.0)) }
+    }
+    #[inline(always)]
+    unsafe fn to_f(self) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtepi32_ps(self.0) }
+    }
+    #[inline(always)]
+    unsafe fn fzero() -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[inline(always)]
+    unsafe fn fsplat(v: f32) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn fmul(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fadd(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fsub(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fstore(a: __m512, out: &mut [f32; TILE]) {
+        // SAFETY: see the impl.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), a) }
     }
 }
 
-/// Sums of the 32-value sub-blocks of one Q8_K block's activations, in the lane order
-/// [0, 1, 4, 5, 2, 3, 6, 7] that `hadd` of its sixteen 16-value sums produces.
-#[inline(always)]
-unsafe fn q8k_subblock_sums(bsums: *const i32) -> __m256i {
-    // SAFETY: `bsums` points at the block's 16 sums.
-    unsafe {
-        _mm256_hadd_epi32(
-            _mm256_loadu_si256(bsums as *const __m256i),
-            _mm256_loadu_si256(bsums.add(8) as *const __m256i),
-        )
+#[derive(Clone, Copy)]
+struct Ymm2([__m256i; 2]);
+
+impl Ymm2 {
+    #[inline(always)]
+    fn map(self, f: impl Fn(__m256i) -> __m256i) -> Self {
+        Ymm2([f(self.0[0]), f(self.0[1])])
+    }
+    #[inline(always)]
+    fn zip(self, o: Self, f: impl Fn(__m256i, __m256i) -> __m256i) -> Self {
+        Ymm2([f(self.0[0], o.0[0]), f(self.0[1], o.0[1])])
     }
 }
 
 #[inline(always)]
-unsafe fn q4k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    let nb = w.len() / Q4K_HELD_BYTES;
-    let mut acc = [[0f32; LANES]; R];
-    // SAFETY: block b occupies w[148b..148b+148] (held layout); activation rows hold nb·256
-    // values, nb scales and 16·nb sums.
-    unsafe {
-        let m4 = _mm256_set1_epi8(0x0F);
-        for b in 0..nb {
-            let blk = &w[Q4K_HELD_BYTES * b..Q4K_HELD_BYTES * (b + 1)];
-            let sc = &blk[4..12];
-            let mins = q4k_mins(blk);
-            let mut iacc = [_mm256_setzero_si256(); R];
-            for c in 0..4 {
-                // 32 bytes: sub-block `lo` in the low nibbles, `lo + 2` in the high ones (held layout).
-                let bits = load(blk.as_ptr().add(Q4K_QS + 32 * c));
-                let lo = 4 * (c / 2) + c % 2;
-                let w_lo = _mm256_and_si256(bits, m4);
-                let w_hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                let s_lo = _mm256_set1_epi16(i16::from(sc[lo]));
-                let s_hi = _mm256_set1_epi16(i16::from(sc[lo + 2]));
-                for r in 0..R {
-                    let ap = a[r].qs.as_ptr().add(256 * b);
-                    let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(w_lo, load_i8(ap.add(32 * lo))), s_lo);
-                    let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(w_hi, load_i8(ap.add(32 * lo + 64))), s_hi);
-                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(p_lo, p_hi));
-                }
+fn fzip(a: [__m256; 2], b: [__m256; 2], f: impl Fn(__m256, __m256) -> __m256) -> [__m256; 2] {
+    [f(a[0], b[0]), f(a[1], b[1])]
+}
+
+// SAFETY (every method): as for `Zmm`, with AVX2 and F16C.
+impl Lanes for Ymm2 {
+    type F = [__m256; 2];
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: see the impl.
+        unsafe { Ymm2([_mm256_setzero_si256(); 2]) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Ymm2([load(p), load(p.add(32))]) }
+    }
+    #[inline(always)]
+    unsafe fn splat8(v: i8) -> Self {
+        // SAFETY: see the impl.
+        unsafe { Ymm2([_mm256_set1_epi8(v); 2]) }
+    }
+    #[inline(always)]
+    unsafe fn and(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.zip(o, |a, b| _mm256_and_si256(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn or(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.zip(o, |a, b| _mm256_or_si256(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn shl16_4(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.map(|a| _mm256_slli_epi16::<4>(a)) }
+    }
+    #[inline(always)]
+    unsafe fn shl16_2(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.map(|a| _mm256_slli_epi16::<2>(a)) }
+    }
+    #[inline(always)]
+    unsafe fn shr16_2(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.map(|a| _mm256_srli_epi16::<2>(a)) }
+    }
+    #[inline(always)]
+    unsafe fn shr16_4(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.map(|a| _mm256_srli_epi16::<4>(a)) }
+    }
+    #[inline(always)]
+    unsafe fn dot4(self, w: Self, a: i32) -> Self {
+        // SAFETY: see the impl.
+        unsafe {
+            // u8 × i8 pairs stay inside i16 (≤ 2·63·127), so `maddubs` does not saturate.
+            let (a, ones) = (_mm256_set1_epi32(a), _mm256_set1_epi16(1));
+            self.zip(w, |acc, w| _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot2(self, w: Self, a: i32) -> Self {
+        // SAFETY: see the impl.
+        unsafe {
+            let a = _mm256_set1_epi32(a);
+            self.zip(w, |acc, w| _mm256_add_epi32(acc, _mm256_madd_epi16(w, a)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn mul(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.zip(o, |a, b| _mm256_mullo_epi32(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn add(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.zip(o, |a, b| _mm256_add_epi32(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn sub(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.zip(o, |a, b| _mm256_sub_epi32(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn times32(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.map(|a| _mm256_slli_epi32::<5>(a)) }
+    }
+    #[inline(always)]
+    unsafe fn widen_u8(p: *const u8) -> Self {
+        // SAFETY: see the impl.
+        unsafe {
+            Ymm2([
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i)),
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(16) as *const __m128i)),
+            ])
+        }
+    }
+    #[inline(always)]
+    unsafe fn widen_i8(p: *const u8) -> Self {
+        // SAFETY: see the impl.
+        unsafe {
+            Ymm2([
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i)),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16) as *const __m128i)),
+            ])
+        }
+    }
+    #[inline(always)]
+    unsafe fn low_i16(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.map(|a| _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(a))) }
+    }
+    #[inline(always)]
+    unsafe fn high_i16(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.map(|a| _mm256_srai_epi32::<16>(a)) }
+    }
+    #[inline(always)]
+    unsafe fn to_f(self) -> [__m256; 2] {
+        // SAFETY: see the impl.
+        unsafe { [_mm256_cvtepi32_ps(self.0[0]), _mm256_cvtepi32_ps(self.0[1])] }
+    }
+    #[inline(always)]
+    unsafe fn fzero() -> [__m256; 2] {
+        // SAFETY: see the impl.
+        unsafe { [_mm256_setzero_ps(); 2] }
+    }
+    #[inline(always)]
+    unsafe fn f16s(p: *const u8) -> [__m256; 2] {
+        // SAFETY: see the impl.
+        unsafe {
+            [
+                _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn fsplat(v: f32) -> [__m256; 2] {
+        // SAFETY: see the impl.
+        unsafe { [_mm256_set1_ps(v); 2] }
+    }
+    #[inline(always)]
+    unsafe fn fmul(a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: see the impl.
+        unsafe { fzip(a, b, |a, b| _mm256_mul_ps(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn fadd(a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: see the impl.
+        unsafe { fzip(a, b, |a, b| _mm256_add_ps(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn fsub(a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: see the impl.
+        unsafe { fzip(a, b, |a, b| _mm256_sub_ps(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn fstore(a: [__m256; 2], out: &mut [f32; TILE]) {
+        // SAFETY: see the impl.
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), a[1]);
+        }
+    }
+}
+
+/// AVX2 + F16C path over tiles (see `tiles`). Safety: the CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn tiles_avx2<const R: usize>(
+    format: Format,
+    stripes: &[u8],
+    stripe_bytes: usize,
+    n: usize,
+    a: &[ActRow<'_>; R],
+    out: &mut [f32],
+    stride: usize,
+) {
+    // SAFETY: the features are the caller's contract.
+    unsafe { tiles::<Ymm2, R>(format, stripes, stripe_bytes, n, a, out, stride) }
+}
+
+/// AVX-512 VNNI path over tiles (see `tiles`). Safety: the CPU must have AVX2, F16C, AVX-512
+/// F/BW/VL/VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn tiles_vnni<const R: usize>(
+    format: Format,
+    stripes: &[u8],
+    stripe_bytes: usize,
+    n: usize,
+    a: &[ActRow<'_>; R],
+    out: &mut [f32],
+    stride: usize,
+) {
+    // SAFETY: the features are the caller's contract.
+    unsafe { tiles::<Zmm, R>(format, stripes, stripe_bytes, n, a, out, stride) }
+}
+
+/// The tiles of a tiled format (`stripes`: whole tiles of `stripe_bytes`, covering `n` weight rows)
+/// against `R` activation rows: (weight row i, activation row j) goes to `out[i·stride + j]`.
+#[inline(always)]
+unsafe fn tiles<V: Lanes, const R: usize>(
+    format: Format,
+    stripes: &[u8],
+    stripe_bytes: usize,
+    n: usize,
+    a: &[ActRow<'_>; R],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let nb = stripe_bytes / format.tile_block_bytes();
+    assert!(format.tiled() && nb * format.tile_block_bytes() == stripe_bytes, "tile stripes");
+    assert_eq!(stripes.len(), n.div_ceil(TILE) * stripe_bytes, "stripes cover the rows");
+    assert!(n == 0 || out.len() >= (n - 1) * stride + R, "output too short");
+    for row in a {
+        assert_eq!(row.qs.len(), 256 * nb, "activation row length");
+        assert!(row.scales.len() == nb && row.sums.len() == 16 * nb, "activation scales and sums");
+        assert!(row.pairs16.len() == 8 * nb && row.pairs32.len() == 4 * nb, "activation pair sums");
+    }
+    for (t, stripe) in stripes.chunks_exact(stripe_bytes).enumerate() {
+        // SAFETY: shapes checked above; the features are the caller's contract.
+        let res = unsafe {
+            match format {
+                Format::Q4K => q4k_tile::<V, R>(stripe, nb, a),
+                _ => q6k_tile::<V, R>(stripe, nb, a),
             }
-            let (d, dmin) = f16_pair(blk.as_ptr());
-            for r in 0..R {
-                let sub = q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b));
-                let summin = hsum_i32(_mm256_mullo_epi32(sub, mins));
-                acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, hsum_i32(iacc[r]), summin);
+        };
+        for o in 0..TILE.min(n - TILE * t) {
+            for (r, res) in res.iter().enumerate() {
+                out[(TILE * t + o) * stride + r] = res[o];
             }
         }
     }
-    acc.map(|l| reduce_lanes(&l))
 }
 
+/// Tile blocks ahead of the one being computed whose lines are requested early: one core's
+/// demand loads alone leave memory bandwidth unused when a product streams its weights once.
+const PREFETCH_BLOCKS: usize = 2;
+
+/// Asks for the cache lines of the tile block `PREFETCH_BLOCKS` after the one at `t` (`bytes`
+/// long). Past the end of the weights this is a harmless hint: prefetches never fault.
 #[inline(always)]
-unsafe fn q6k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    let nb = w.len() / 210;
-    let mut acc = [[0f32; LANES]; R];
-    // SAFETY: block b occupies w[210b..210b+210]; activation rows hold nb·256 values.
+unsafe fn prefetch_ahead(t: *const u8, bytes: usize) {
+    let ahead = t.wrapping_add(PREFETCH_BLOCKS * bytes);
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch reads nothing architecturally and cannot fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8) };
+    }
+}
+
+/// The canonical lane sums of each row's per-block values: block b went to lane b % 8, reduced in
+/// `reduce_lanes`'s tree — lane-wise here, one output per SIMD lane.
+#[inline(always)]
+unsafe fn finish<V: Lanes, const R: usize>(acc: &[[V::F; LANES]; R]) -> [[f32; TILE]; R] {
+    let mut out = [[0f32; TILE]; R];
+    for (o, l) in out.iter_mut().zip(acc) {
+        // SAFETY: register arithmetic; features are the caller's.
+        unsafe {
+            let v = V::fadd(
+                V::fadd(V::fadd(l[0], l[1]), V::fadd(l[2], l[3])),
+                V::fadd(V::fadd(l[4], l[5]), V::fadd(l[6], l[7])),
+            );
+            V::fstore(v, o);
+        }
+    }
+    out
+}
+
+/// One tile of Q4_K rows against `R` activation rows: per sub-block j, eight `dot4`s per row
+/// (each quad of activations broadcast to the sixteen rows), then `× s_j`; the mins through the
+/// activations' sub-block sums; then `q4k_value`'s float steps, lane-wise.
+#[inline(always)]
+unsafe fn q4k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActRow<'_>; R]) -> [[f32; TILE]; R] {
+    // SAFETY: `stripe` holds nb tile blocks of Q4K_TILE_BYTES; rows hold nb·256 values, nb scales,
+    // 4·nb sub-block pairs (checked by `tiles`).
     unsafe {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m3 = _mm256_set1_epi8(0x03);
+        let mut acc = [[V::fzero(); LANES]; R];
+        let m4 = V::splat8(0x0F);
         for b in 0..nb {
-            let blk = &w[210 * b..210 * b + 210];
-            let scales = &blk[192..208];
-            let sc_bytes = _mm_loadu_si128(scales.as_ptr() as *const __m128i);
-            // i32 scales for the −32 offset, and per 32-weight quarter an i16 vector whose low
-            // half repeats group g's scale and high half group g + 1's.
-            let sc_lo = _mm256_cvtepi8_epi32(sc_bytes);
-            let sc_hi = _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc_bytes));
-            let mut sv = [_mm256_setzero_si256(); 8];
-            for (i, s) in sv.iter_mut().enumerate() {
-                let (g0, g1) = (2 * i as i8, 2 * i as i8 + 1);
-                let pick = _mm_setr_epi8(g0, g0, g0, g0, g0, g0, g0, g0, g1, g1, g1, g1, g1, g1, g1, g1);
-                *s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc_bytes, pick));
-            }
-            let mut iacc = [_mm256_setzero_si256(); R];
-            for half in 0..2 {
-                let ql0 = load(blk.as_ptr().add(64 * half));
-                let ql1 = load(blk.as_ptr().add(64 * half + 32));
-                let qh = load(blk.as_ptr().add(128 + 32 * half));
-                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3));
-                let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3));
-                let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3));
-                let h3 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3));
-                let u = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), h0),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), h1),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), h2),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), h3),
-                ];
-                // u[i] holds weights 128·half + 32i .. +32: groups 8·half + 2i and the next.
-                for r in 0..R {
-                    let ap = a[r].qs.as_ptr().add(256 * b + 128 * half);
-                    for i in 0..4 {
-                        let p =
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], load_i8(ap.add(32 * i))), sv[4 * half + i]);
-                        iacc[r] = _mm256_add_epi32(iacc[r], p);
+            let t = stripe.as_ptr().add(b * Q4K_TILE_BYTES);
+            prefetch_ahead(t, Q4K_TILE_BYTES);
+            let mut isum = [V::zero(); R];
+            for p in 0..4 {
+                let sc = V::widen_u8(t.add(Q4K_SCALES + 32 * p));
+                for (half, s) in [sc.low_i16(), sc.high_i16()].into_iter().enumerate() {
+                    let j = 2 * p + half;
+                    // Two dependency chains per row when few rows share the call, one otherwise
+                    // (the rows' chains already overlap; registers are the limit).
+                    let split = R <= 2;
+                    let mut lo = [V::zero(); R];
+                    let mut hi = [V::zero(); R];
+                    for q in 0..4 {
+                        let line = V::load(t.add(Q4K_LINES + 64 * (4 * j + q)));
+                        let (wl, wh) = (line.and(m4), line.shr16_4().and(m4));
+                        for r in 0..R {
+                            let ap = a[r].qs.as_ptr().add(256 * b + 32 * j + 4 * q) as *const i32;
+                            lo[r] = lo[r].dot4(wl, ap.read_unaligned());
+                            if split {
+                                hi[r] = hi[r].dot4(wh, ap.add(4).read_unaligned());
+                            } else {
+                                lo[r] = lo[r].dot4(wh, ap.add(4).read_unaligned());
+                            }
+                        }
+                    }
+                    for r in 0..R {
+                        let dot = if split { lo[r].add(hi[r]) } else { lo[r] };
+                        isum[r] = isum[r].add(dot.mul(s));
                     }
                 }
             }
-            let d = f16_pair(blk.as_ptr().add(206)).1; // bytes 206..210: the last two are d
+            let (d, dmin) = (V::f16s(t), V::f16s(t.add(32)));
             for r in 0..R {
-                let bs = a[r].sums.as_ptr().add(16 * b) as *const __m256i;
-                let weighted = _mm256_add_epi32(
-                    _mm256_mullo_epi32(_mm256_loadu_si256(bs), sc_lo),
-                    _mm256_mullo_epi32(_mm256_loadu_si256(bs.add(1)), sc_hi),
-                );
-                let offset = 32 * hsum_i32(weighted);
-                acc[r][b % LANES] += q6k_value(a[r].scales[b], d, hsum_i32(iacc[r]) - offset);
+                let mut summin = V::zero();
+                for p in 0..4 {
+                    summin = summin.dot2(V::widen_u8(t.add(Q4K_MINS + 32 * p)), a[r].pairs32[4 * b + p] as i32);
+                }
+                let da = V::fsplat(a[r].scales[b]);
+                let v = V::fsub(V::fmul(V::fmul(da, d), isum[r].to_f()), V::fmul(V::fmul(da, dmin), summin.to_f()));
+                acc[r][b % LANES] = V::fadd(acc[r][b % LANES], v);
             }
         }
+        finish::<V, R>(&acc)
     }
-    acc.map(|l| reduce_lanes(&l))
 }
 
-/// Sum of the sixteen i32 lanes (exact).
+/// One tile of Q6_K rows against `R` activation rows: per group of 16, four `dot4`s per row on
+/// the unsigned 6-bit values, then `× s_g`; the −32 offset through the activations' group sums;
+/// then `q6k_value`'s float steps, lane-wise.
 #[inline(always)]
-unsafe fn hsum_i32_zmm(v: __m512i) -> i32 {
-    // SAFETY: register-only intrinsics.
-    unsafe { hsum_i32(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))) }
-}
-
-/// Q4_K on 512-bit registers: one 64-byte load gives 128 consecutive weights (held layout), each
-/// register one 64-weight run (sub-blocks 2k and 2k + 1) — a third of the AVX2 kernel's
-/// instructions per activation row. Same integer sums, same float operations.
-#[inline(always)]
-unsafe fn q4k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    let nb = w.len() / Q4K_HELD_BYTES;
-    let mut acc = [[0f32; LANES]; R];
-    let mut group = LaneGroup::new();
-    // SAFETY: as `q4k`.
+unsafe fn q6k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActRow<'_>; R]) -> [[f32; TILE]; R] {
+    let tb = Format::Q6K.tile_block_bytes();
+    // SAFETY: as `q4k_tile`, with 8·nb group pairs.
     unsafe {
-        let m4 = _mm512_set1_epi8(0x0F);
+        let mut acc = [[V::fzero(); LANES]; R];
+        let (m4, m30) = (V::splat8(0x0F), V::splat8(0x30));
         for b in 0..nb {
-            let blk = &w[Q4K_HELD_BYTES * b..Q4K_HELD_BYTES * (b + 1)];
-            // Scales as i16 (lanes 0..8), then per run k: sixteen lanes of s_2k, sixteen of s_2k+1.
-            let sc16 =
-                _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadl_epi64(blk.as_ptr().add(4) as *const __m128i)));
-            let mins = q4k_mins(blk);
-            let mut wv = [_mm512_setzero_si512(); 4];
-            let mut sv = [_mm512_setzero_si512(); 4];
-            for h in 0..2 {
-                let bits = _mm512_loadu_si512(blk.as_ptr().add(Q4K_QS + 64 * h) as *const __m512i);
-                wv[2 * h] = _mm512_and_si512(bits, m4);
-                wv[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m4);
+            let t = stripe.as_ptr().add(b * tb);
+            prefetch_ahead(t, tb);
+            let mut isum = [V::zero(); R];
+            let mut offset = [V::zero(); R];
+            for p in 0..8 {
+                let sc = V::widen_i8(t.add(Q6K_SCALES + 32 * p));
+                for r in 0..R {
+                    offset[r] = offset[r].dot2(sc, a[r].pairs16[8 * b + p] as i32);
+                }
+                for (half, s) in [sc.low_i16(), sc.high_i16()].into_iter().enumerate() {
+                    let g = 2 * p + half;
+                    let l0 = V::load(t.add(Q6K_LOW + 64 * (2 * g)));
+                    let l1 = V::load(t.add(Q6K_LOW + 64 * (2 * g + 1)));
+                    let h = V::load(t.add(Q6K_HIGH + 64 * g));
+                    let w = [
+                        l0.and(m4).or(h.shl16_4().and(m30)),
+                        l0.shr16_4().and(m4).or(h.shl16_2().and(m30)),
+                        l1.and(m4).or(h.and(m30)),
+                        l1.shr16_4().and(m4).or(h.shr16_2().and(m30)),
+                    ];
+                    for r in 0..R {
+                        let ap = a[r].qs.as_ptr().add(256 * b + 16 * g) as *const i32;
+                        let mut dot = V::zero();
+                        for (k, w) in w.iter().enumerate() {
+                            dot = dot.dot4(*w, ap.add(k).read_unaligned());
+                        }
+                        isum[r] = isum[r].add(dot.mul(s));
+                    }
+                }
             }
-            for (k, s) in sv.iter_mut().enumerate() {
-                let pick = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_set1_epi16(2 * k as i16)),
-                    _mm256_set1_epi16(2 * k as i16 + 1),
-                );
-                *s = _mm512_permutexvar_epi16(pick, sc16);
-            }
-            let (d, dmin) = f16_pair(blk.as_ptr());
-            let mut iacc = [_mm512_setzero_si512(); R];
-            let mut minsum = [_mm256_setzero_si256(); R];
+            let d = V::f16s(t);
             for r in 0..R {
-                let ap = a[r].qs.as_ptr().add(256 * b);
-                for k in 0..4 {
-                    let av = _mm512_loadu_si512(ap.add(64 * k) as *const __m512i);
-                    iacc[r] = _mm512_add_epi32(iacc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(wv[k], av), sv[k]));
-                }
-                minsum[r] = _mm256_mullo_epi32(q8k_subblock_sums(a[r].sums.as_ptr().add(16 * b)), mins);
-            }
-            if R == 1 {
-                group.push(b, half_sum(iacc[0]), minsum[0], d, dmin);
-                if group.full() || b + 1 == nb {
-                    group.flush_q4k(a[0].scales);
-                }
-            } else if R == 4 {
-                // Four rows reduced together; the float steps run lane-wise, the same IEEE
-                // operations as `q4k_value` per row.
-                let isum = _mm_cvtepi32_ps(hsum4_zmm(&iacc));
-                let summin = _mm_cvtepi32_ps(hsum4_ymm(&minsum));
-                let da = _mm_setr_ps(a[0].scales[b], a[1 % R].scales[b], a[2 % R].scales[b], a[3 % R].scales[b]);
-                let v = _mm_sub_ps(
-                    _mm_mul_ps(_mm_mul_ps(da, _mm_set1_ps(d)), isum),
-                    _mm_mul_ps(_mm_mul_ps(da, _mm_set1_ps(dmin)), summin),
-                );
-                let mut vs = [0f32; 4];
-                _mm_storeu_ps(vs.as_mut_ptr(), v);
-                for r in 0..R {
-                    acc[r][b % LANES] += vs[r];
-                }
-            } else {
-                for r in 0..R {
-                    let (isum, summin) = hsum_pair(iacc[r], minsum[r]);
-                    acc[r][b % LANES] += q4k_value(a[r].scales[b], d, dmin, isum, summin);
-                }
+                let da = V::fsplat(a[r].scales[b]);
+                let v = V::fmul(V::fmul(da, d), isum[r].sub(offset[r].times32()).to_f());
+                acc[r][b % LANES] = V::fadd(acc[r][b % LANES], v);
             }
         }
-        if R == 1 {
-            acc[0] = group.lanes();
-        }
+        finish::<V, R>(&acc)
     }
-    acc.map(|l| reduce_lanes(&l))
-}
-
-/// The 16 lanes of `v` folded to 8 (exact).
-#[inline(always)]
-unsafe fn half_sum(v: __m512i) -> __m256i {
-    // SAFETY: register-only intrinsics.
-    unsafe { _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)) }
-}
-
-/// One activation row's K-quant blocks, eight at a time: block b's integer sums wait in slot
-/// b % 8 until the group of eight is complete, then the group is reduced in one transpose and its
-/// float steps run lane-wise — block b's value lands in lane b % 8, as in the portable path.
-struct LaneGroup {
-    first: usize,
-    len: usize,
-    isum: [__m256i; 8],
-    summin: [__m256i; 8],
-    d: [f32; 8],
-    dmin: [f32; 8],
-    acc: [f32; LANES],
-}
-
-impl LaneGroup {
-    #[inline(always)]
-    fn new() -> Self {
-        // SAFETY: zeroed vectors need no features.
-        let zero = unsafe { _mm256_setzero_si256() };
-        Self { first: 0, len: 0, isum: [zero; 8], summin: [zero; 8], d: [0.0; 8], dmin: [0.0; 8], acc: [0.0; LANES] }
-    }
-
-    #[inline(always)]
-    fn push(&mut self, b: usize, isum: __m256i, summin: __m256i, d: f32, dmin: f32) {
-        if self.len == 0 {
-            self.first = b;
-        }
-        let slot = b % LANES;
-        debug_assert_eq!(slot, self.len, "groups start at multiples of eight");
-        (self.isum[slot], self.summin[slot], self.d[slot], self.dmin[slot]) = (isum, summin, d, dmin);
-        self.len += 1;
-    }
-
-    #[inline(always)]
-    fn full(&self) -> bool {
-        self.len == LANES
-    }
-
-    /// Reduces the pending Q4_K blocks and adds `(da·d)·isum − (da·dmin)·summin` to their lanes.
-    #[inline(always)]
-    unsafe fn flush_q4k(&mut self, scales: &[f32]) {
-        // SAFETY: register and in-bounds masked memory intrinsics; AVX-512 F/VL are the caller's.
-        unsafe {
-            let mask = self.mask();
-            let isum = _mm256_cvtepi32_ps(hsum8(&self.isum));
-            let summin = _mm256_cvtepi32_ps(hsum8(&self.summin));
-            let da = _mm256_maskz_loadu_ps(mask, scales.as_ptr().add(self.first));
-            let d = _mm256_loadu_ps(self.d.as_ptr());
-            let dmin = _mm256_loadu_ps(self.dmin.as_ptr());
-            let v = _mm256_sub_ps(
-                _mm256_mul_ps(_mm256_mul_ps(da, d), isum),
-                _mm256_mul_ps(_mm256_mul_ps(da, dmin), summin),
-            );
-            self.add(mask, v);
-        }
-    }
-
-    /// Reduces the pending Q6_K blocks and adds `(da·d)·isum` to their lanes.
-    #[inline(always)]
-    unsafe fn flush_q6k(&mut self, scales: &[f32]) {
-        // SAFETY: as `flush_q4k`.
-        unsafe {
-            let mask = self.mask();
-            let isum = _mm256_cvtepi32_ps(hsum8(&self.isum));
-            let da = _mm256_maskz_loadu_ps(mask, scales.as_ptr().add(self.first));
-            let d = _mm256_loadu_ps(self.d.as_ptr());
-            self.add(mask, _mm256_mul_ps(_mm256_mul_ps(da, d), isum));
-        }
-    }
-
-    #[inline(always)]
-    fn mask(&self) -> __mmask8 {
-        ((1u16 << self.len) - 1) as __mmask8
-    }
-
-    /// Adds `v` to the lanes of the pending blocks only (the others keep their sums untouched).
-    #[inline(always)]
-    unsafe fn add(&mut self, mask: __mmask8, v: __m256) {
-        // SAFETY: register-only intrinsics and an 8-float store into `acc`.
-        unsafe {
-            let acc = _mm256_loadu_ps(self.acc.as_ptr());
-            _mm256_storeu_ps(self.acc.as_mut_ptr(), _mm256_mask_add_ps(acc, mask, acc, v));
-        }
-        self.len = 0;
-    }
-
-    fn lanes(&self) -> [f32; LANES] {
-        self.acc
-    }
-}
-
-/// Lane sums of four 16-lane vectors, as the four lanes of the result (exact).
-#[inline(always)]
-unsafe fn hsum4_zmm(v: &[__m512i]) -> __m128i {
-    // SAFETY: register-only intrinsics.
-    unsafe {
-        let mut y = [_mm256_setzero_si256(); 4];
-        for (y, &x) in y.iter_mut().zip(v) {
-            *y = _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64::<1>(x));
-        }
-        hsum4_ymm(&y)
-    }
-}
-
-/// Lane sums of four 8-lane vectors, as the four lanes of the result (exact).
-#[inline(always)]
-unsafe fn hsum4_ymm(v: &[__m256i]) -> __m128i {
-    // SAFETY: register-only intrinsics.
-    unsafe {
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
-    }
-}
-
-/// (Σ lanes of `x`, Σ lanes of `y`) in one reduction (exact).
-#[inline(always)]
-unsafe fn hsum_pair(x: __m512i, y: __m256i) -> (i32, i32) {
-    // SAFETY: register-only intrinsics.
-    unsafe {
-        let x = _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64::<1>(x));
-        let h = _mm256_hadd_epi32(x, y);
-        let h = _mm256_hadd_epi32(h, h);
-        let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-        (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
-    }
-}
-
-/// The two high bits of each byte's weight, from `qh` shifted by `shifts` (per 16-bit lane), in
-/// place as bits 4..6.
-#[inline(always)]
-unsafe fn q6k_high(qh: __m512i, shifts: __m512i, m3: __m512i) -> __m512i {
-    // SAFETY: register-only intrinsics.
-    unsafe { _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, shifts), m3)) }
-}
-
-/// Q6_K on 512-bit registers: one register per 64 consecutive weights (four groups of 16), and
-/// the −32 offset folded into the integer accumulator.
-#[inline(always)]
-unsafe fn q6k_zmm<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    let nb = w.len() / 210;
-    let mut acc = [[0f32; LANES]; R];
-    let mut group = LaneGroup::new();
-    // SAFETY: as `q6k`.
-    unsafe {
-        let m4 = _mm512_set1_epi8(0x0F);
-        let m3 = _mm512_set1_epi8(0x03);
-        // Per-half shift counts: the low 256 bits take one pair of `qh` bits, the high 256 the next.
-        let shift_0_2 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
-        let shift_4_6 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
-        for b in 0..nb {
-            let blk = &w[210 * b..210 * b + 210];
-            let sc_bytes = _mm_loadu_si128(blk.as_ptr().add(192) as *const __m128i);
-            // −32·s_g per 16-value run of activations, for the offset.
-            let neg32 = _mm512_mullo_epi32(_mm512_cvtepi8_epi32(sc_bytes), _mm512_set1_epi32(-32));
-            // Per 64 weights (groups 4k .. 4k + 4), i16 scales in runs of eight lanes.
-            let sc_both = _mm256_broadcastsi128_si256(sc_bytes);
-            let mut sv = [_mm512_setzero_si512(); 4];
-            for (k, s) in sv.iter_mut().enumerate() {
-                let g = 4 * k as i8;
-                let pick = _mm256_setr_epi8(
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 2,
-                    g + 2,
-                    g + 2,
-                    g + 2,
-                    g + 2,
-                    g + 2,
-                    g + 2,
-                    g + 2,
-                    g + 3,
-                    g + 3,
-                    g + 3,
-                    g + 3,
-                    g + 3,
-                    g + 3,
-                    g + 3,
-                    g + 3,
-                );
-                *s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc_both, pick));
-            }
-            // The file's layout already suits 512-bit registers: 64 bytes of `ql` hold the low four bits
-            // of 128 consecutive weights (low nibble: weight i, high nibble: i + 64), and 32 bytes of `qh`
-            // their high two bits (bits 2q..2q+2 of byte i: weight 32q + i) — broadcast to both halves
-            // of a register and shifted per half.
-            let mut wv = [_mm512_setzero_si512(); 4];
-            for half in 0..2 {
-                let ql = _mm512_loadu_si512(blk.as_ptr().add(64 * half) as *const __m512i);
-                let qh = _mm512_broadcast_i64x4(load(blk.as_ptr().add(128 + 32 * half)));
-                wv[2 * half] = _mm512_or_si512(_mm512_and_si512(ql, m4), q6k_high(qh, shift_0_2, m3));
-                wv[2 * half + 1] =
-                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4), q6k_high(qh, shift_4_6, m3));
-            }
-            let d = f16_pair(blk.as_ptr().add(206)).1; // bytes 206..210: the last two are d
-            let mut iacc = [_mm512_setzero_si512(); R];
-            for r in 0..R {
-                let ap = a[r].qs.as_ptr().add(256 * b);
-                let bs = _mm512_loadu_si512(a[r].sums.as_ptr().add(16 * b) as *const __m512i);
-                iacc[r] = _mm512_mullo_epi32(bs, neg32);
-                for i in 0..4 {
-                    let av = _mm512_loadu_si512(ap.add(64 * i) as *const __m512i);
-                    iacc[r] = _mm512_add_epi32(iacc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(wv[i], av), sv[i]));
-                }
-            }
-            if R == 1 {
-                group.push(b, half_sum(iacc[0]), _mm256_setzero_si256(), d, 0.0);
-                if group.full() || b + 1 == nb {
-                    group.flush_q6k(a[0].scales);
-                }
-            } else if R == 4 {
-                // As in `q4k_zmm`: lane-wise, the same operations as `q6k_value`.
-                let isum = _mm_cvtepi32_ps(hsum4_zmm(&iacc));
-                let da = _mm_setr_ps(a[0].scales[b], a[1 % R].scales[b], a[2 % R].scales[b], a[3 % R].scales[b]);
-                let mut vs = [0f32; 4];
-                _mm_storeu_ps(vs.as_mut_ptr(), _mm_mul_ps(_mm_mul_ps(da, _mm_set1_ps(d)), isum));
-                for r in 0..R {
-                    acc[r][b % LANES] += vs[r];
-                }
-            } else {
-                for r in 0..R {
-                    acc[r][b % LANES] += q6k_value(a[r].scales[b], d, hsum_i32_zmm(iacc[r]));
-                }
-            }
-        }
-        if R == 1 {
-            acc[0] = group.lanes();
-        }
-    }
-    acc.map(|l| reduce_lanes(&l))
 }
