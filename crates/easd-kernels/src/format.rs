@@ -9,7 +9,7 @@
 //! * Q6_K, 256 weights, 210 bytes: `u8 ql[128], u8 qh[64], i8 scales[16], f16 d`; sixteen groups of 16
 //!   with an 8-bit scale; w = d·s·(q − 32).
 //!
-//! Tiled at load: the K-quants (Q4_K, Q6_K) are held in tiles of [`TILE`] weight rows, block by block,
+//! Tiled at load: every format is held in tiles of [`TILE`] weight rows, block by block,
 //! with the sixteen rows' values interleaved so that one 64-byte line holds four consecutive weights
 //! of every row (byte `4o + i`: row `o`, weight `i` of the quad). A SIMD register then carries one
 //! output per lane, an activation quad is broadcast to all of them, and no horizontal reduction is
@@ -22,8 +22,15 @@
 //!   low four bits (line `2g + h`: low nibbles weights `16g + 8h ..+4`, high nibbles `16g + 8h + 4 ..+4`),
 //!   then 16 lines of high two bits (line `g`: bits `2t, 2t + 1` of byte `4o + i` belong to weight
 //!   `16g + 4t + i`).
+//! * Q8_0 (544 bytes): `f16 d[16]`, then 8 lines (line `q`: weights `4q ..+4`), each value held as
+//!   `q + 128` (u8), the unsigned operand `vpdpbusd` wants; the activations' block sum takes the
+//!   128 back out.
+//! * Q5_0 (352 bytes): `f16 d[16]`, 4 lines of low four bits (line `q`: low nibbles weights
+//!   `4q ..+4`, high nibbles `16 + 4q ..+4`), then 1 line of fifth bits (byte `4o + i`: bit `2q` for
+//!   weight `4q + i`, bit `2q + 1` for weight `16 + 4q + i`).
 //!
-//! Q8_0 and Q5_0 are held as stored, row after row.
+//! Every tiled block is exactly as dense as the sixteen file blocks it holds, except Q4_K's, whose
+//! scales and mins are unpacked to a byte each (2368 bytes against 2304).
 
 use crate::KernelError;
 
@@ -66,16 +73,11 @@ impl Format {
         }
     }
 
-    /// Whether the kernels hold this format in tiles of [`TILE`] rows (see the module doc).
-    pub(crate) const fn tiled(self) -> bool {
-        matches!(self, Format::Q4K | Format::Q6K)
-    }
-
-    /// Bytes of one tile block (the tiled formats): [`TILE`] rows' block `b`.
+    /// Bytes of one tile block: [`TILE`] rows' block `b`.
     pub(crate) const fn tile_block_bytes(self) -> usize {
         match self {
             Format::Q4K => Q4K_TILE_BYTES,
-            _ => TILE * self.block_bytes(), // Q6_K: as dense as the file
+            _ => TILE * self.block_bytes(), // as dense as the file
         }
     }
 
@@ -145,7 +147,28 @@ impl Format {
                     }
                 }
             }
-            _ => unreachable!("{self:?} is not tiled"),
+            Format::Q8_0 => {
+                for o in 0..TILE {
+                    let b = blk(o);
+                    t[2 * o..2 * o + 2].copy_from_slice(&b[..2]);
+                    for (e, &q) in b[2..34].iter().enumerate() {
+                        t[32 + 64 * (e / 4) + 4 * o + e % 4] = q ^ 0x80;
+                    }
+                }
+            }
+            Format::Q5_0 => {
+                for o in 0..TILE {
+                    let b = blk(o);
+                    t[2 * o..2 * o + 2].copy_from_slice(&b[..2]);
+                    for q in 0..4 {
+                        for i in 0..4 {
+                            let (lo, hi) = (q5_0_value(b, 4 * q + i), q5_0_value(b, 16 + 4 * q + i));
+                            t[32 + 64 * q + 4 * o + i] = (lo & 0x0F) | (hi << 4);
+                            t[Q5_0_HIGH + 4 * o + i] |= ((lo >> 4) << (2 * q)) | ((hi >> 4) << (2 * q + 1));
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -167,7 +190,7 @@ impl ActFormat {
     }
 }
 
-/// Weight rows per tile of the tiled formats.
+/// Weight rows per tile.
 pub(crate) const TILE: usize = 16;
 
 /// Offsets in a Q4_K tile block: scale pairs, min pairs, weight lines; and its size.
@@ -180,6 +203,10 @@ pub(crate) const Q4K_TILE_BYTES: usize = Q4K_LINES + 32 * 64;
 pub(crate) const Q6K_SCALES: usize = 32;
 pub(crate) const Q6K_LOW: usize = 288;
 pub(crate) const Q6K_HIGH: usize = Q6K_LOW + 32 * 64;
+
+/// Offset of the weight lines in a Q8_0 or Q5_0 tile block, and of Q5_0's fifth-bit line.
+pub(crate) const Q32_LINES: usize = 32;
+pub(crate) const Q5_0_HIGH: usize = Q32_LINES + 4 * 64;
 
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -253,26 +280,22 @@ pub(crate) fn q6k_tile_scale(t: &[u8], o: usize, g: usize) -> i8 {
     t[Q6K_SCALES + 32 * (g / 2) + 2 * o + g % 2] as i8
 }
 
-/// Dequantizes one block of a row-layout format into `out` (`format.block_len()` values).
-pub(crate) fn dequantize_block(format: Format, block: &[u8], out: &mut [f32]) {
-    match format {
-        Format::Q8_0 => {
-            let d = f16_at(block, 0);
-            for (o, &q) in out.iter_mut().zip(&block[2..34]) {
-                *o = d * f32::from(q as i8);
-            }
-        }
-        Format::Q5_0 => {
-            let d = f16_at(block, 0);
-            for (j, o) in out.iter_mut().enumerate().take(32) {
-                *o = d * f32::from(q5_0_value(block, j) as i8 - 16);
-            }
-        }
-        Format::Q4K | Format::Q6K => unreachable!("tiled formats dequantize with `dequantize_tile_row`"),
-    }
+/// Weight `e` (0..32) of row `o` in a Q8_0 tile block.
+#[inline(always)]
+pub(crate) fn q8_0_tile_value(t: &[u8], o: usize, e: usize) -> i8 {
+    (t[Q32_LINES + 64 * (e / 4) + 4 * o + e % 4] ^ 0x80) as i8
 }
 
-/// Dequantizes row `o` of one tile block of a tiled format into `out` (256 values).
+/// Weight `e` (0..32) of row `o` in a Q5_0 tile block: its unsigned 5-bit value.
+#[inline(always)]
+pub(crate) fn q5_0_tile_value(t: &[u8], o: usize, e: usize) -> u8 {
+    let (high, q, i) = (e / 16, e % 16 / 4, e % 4);
+    let byte = t[Q32_LINES + 64 * q + 4 * o + i];
+    let nibble = if high == 0 { byte & 0x0F } else { byte >> 4 };
+    nibble | (((t[Q5_0_HIGH + 4 * o + i] >> (2 * q + high)) & 1) << 4)
+}
+
+/// Dequantizes row `o` of one tile block into `out` (`format.block_len()` values).
 pub(crate) fn dequantize_tile_row(format: Format, t: &[u8], o: usize, out: &mut [f32]) {
     match format {
         Format::Q4K => {
@@ -290,6 +313,17 @@ pub(crate) fn dequantize_tile_row(format: Format, t: &[u8], o: usize, out: &mut 
                 *v = d * f32::from(s) * f32::from(q6k_tile_value(t, o, e) as i8 - 32);
             }
         }
-        _ => unreachable!("{format:?} is not tiled"),
+        Format::Q8_0 => {
+            let d = f16_at(t, 2 * o);
+            for (e, v) in out.iter_mut().enumerate().take(32) {
+                *v = d * f32::from(q8_0_tile_value(t, o, e));
+            }
+        }
+        Format::Q5_0 => {
+            let d = f16_at(t, 2 * o);
+            for (e, v) in out.iter_mut().enumerate().take(32) {
+                *v = d * f32::from(q5_0_tile_value(t, o, e) as i8 - 16);
+            }
+        }
     }
 }

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use crate::KernelError;
 use crate::act::{ActRow, QuantizedActs};
-use crate::format::{ActFormat, Format, TILE, dequantize_block, dequantize_tile_row};
+use crate::format::{ActFormat, Format, TILE, dequantize_tile_row};
 use crate::isa::Isa;
 use crate::pool::pool;
 use crate::scalar;
@@ -16,15 +16,14 @@ use crate::scalar;
 /// Weight bytes of one work unit: small enough to stay in L2 while every activation tile passes.
 const UNIT_BYTES: usize = 256 << 10;
 
-/// A `rows × cols` weight matrix in one GGML block format, held in stripes: one row each (Q8_0,
-/// Q5_0, as stored) or one tile of [`TILE`] interleaved rows each (the K-quants, see `format.rs`).
+/// A `rows × cols` weight matrix in one GGML block format, held in stripes of one tile of [`TILE`]
+/// interleaved rows each (see `format.rs`).
 #[derive(Clone)]
 pub struct QMatrix {
     format: Format,
     rows: usize,
     cols: usize,
-    /// Weight rows per stripe: 1, or [`TILE`] for the tiled formats.
-    stripe_rows: usize,
+    /// Bytes of one stripe: the tile blocks of [`TILE`] rows.
     stripe_bytes: usize,
     data: Vec<u8>,
 }
@@ -36,8 +35,8 @@ impl std::fmt::Debug for QMatrix {
 }
 
 impl QMatrix {
-    /// Takes the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row); the
-    /// K-quants are tiled (see `format.rs`).
+    /// Takes the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row) and tiles
+    /// them (see `format.rs`).
     pub fn new(format: Format, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, KernelError> {
         let file_row_bytes = format.row_bytes(cols)?;
         if data.len() != rows * file_row_bytes {
@@ -48,9 +47,6 @@ impl QMatrix {
                 expected: rows * file_row_bytes,
                 actual: data.len(),
             });
-        }
-        if !format.tiled() {
-            return Ok(Self { format, rows, cols, stripe_rows: 1, stripe_bytes: file_row_bytes, data });
         }
         let nb = cols / format.block_len();
         let stripe_bytes = nb * format.tile_block_bytes();
@@ -65,7 +61,7 @@ impl QMatrix {
                 format.tile_block(&blocks, &mut held);
             }
         }
-        Ok(Self { format, rows, cols, stripe_rows: TILE, stripe_bytes, data: held })
+        Ok(Self { format, rows, cols, stripe_bytes, data: held })
     }
 
     pub fn format(&self) -> Format {
@@ -92,15 +88,9 @@ impl QMatrix {
         }
         assert_eq!(out.len(), self.cols, "output row length");
         let n = self.format.block_len();
-        let stripe = &self.data[r / self.stripe_rows * self.stripe_bytes..][..self.stripe_bytes];
-        if self.format.tiled() {
-            for (t, o) in stripe.chunks_exact(self.format.tile_block_bytes()).zip(out.chunks_exact_mut(n)) {
-                dequantize_tile_row(self.format, t, r % TILE, o);
-            }
-        } else {
-            for (blk, o) in stripe.chunks_exact(self.format.block_bytes()).zip(out.chunks_exact_mut(n)) {
-                dequantize_block(self.format, blk, o);
-            }
+        let stripe = &self.data[r / TILE * self.stripe_bytes..][..self.stripe_bytes];
+        for (t, o) in stripe.chunks_exact(self.format.tile_block_bytes()).zip(out.chunks_exact_mut(n)) {
+            dequantize_tile_row(self.format, t, r % TILE, o);
         }
         Ok(())
     }
@@ -143,9 +133,9 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
             ActFormat::Q8x32 => q8x32.as_ref(),
         }
         .expect("quantized above");
-        let stripes = w.rows.div_ceil(w.stripe_rows);
+        let stripes = w.rows.div_ceil(TILE);
         let per_unit = stripes.div_ceil(4 * threads).clamp(1, (UNIT_BYTES / w.stripe_bytes).max(1));
-        for (u, chunk) in out.chunks_mut(per_unit * w.stripe_rows * m).enumerate() {
+        for (u, chunk) in out.chunks_mut(per_unit * TILE * m).enumerate() {
             units.push((*w, acts, u * per_unit, chunk));
         }
     }
@@ -178,13 +168,11 @@ fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 fn run_unit(isa: Isa, w: &QMatrix, acts: &QuantizedActs, first: usize, out: &mut [f32]) {
     let m = acts.rows();
     let n = out.len() / m;
-    let stripes = &w.data[first * w.stripe_bytes..(first + n.div_ceil(w.stripe_rows)) * w.stripe_bytes];
-    // Activation rows per kernel call: the tile kernels keep one accumulator per row and go to
-    // eight; the 32-block kernels hold more state per row and stop at four.
-    let most = if w.format.tiled() { 8 } else { 4 };
+    let stripes = &w.data[first * w.stripe_bytes..(first + n.div_ceil(TILE)) * w.stripe_bytes];
+    // Activation rows per kernel call: each unpacked weight line serves up to eight.
     let mut r = 0;
     while r < m {
-        let t = (m - r).min(most);
+        let t = (m - r).min(8);
         let dst = &mut out[r..];
         match t {
             1 => tile::<1>(isa, w, stripes, n, acts, r, dst),
@@ -217,31 +205,16 @@ fn tile<const R: usize>(
     match isa {
         // SAFETY: `matmul_with` checked that the CPU has the path's features.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if w.format.tiled() => unsafe { crate::x86::tiles_avx2::<R>(w.format, stripes, sb, n, &a, out, m) },
+        Isa::Avx2 => unsafe { crate::x86::tiles_avx2::<R>(w.format, stripes, sb, n, &a, out, m) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni if w.format.tiled() => unsafe {
-            crate::x86::tiles_vnni::<R>(w.format, stripes, sb, n, &a, out, m)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { crate::x86::dot_rows_avx2::<R>(w.format, stripes, sb, &a, out, m) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => unsafe { crate::x86::dot_rows_vnni::<R>(w.format, stripes, sb, &a, out, m) },
-        _ if w.format.tiled() => {
+        Isa::Avx512Vnni => unsafe { crate::x86::tiles_vnni::<R>(w.format, stripes, sb, n, &a, out, m) },
+        _ => {
             for (t, stripe) in stripes.chunks_exact(sb).enumerate() {
                 for o in 0..TILE.min(n - TILE * t) {
                     for (j, act) in a.iter().enumerate() {
                         out[(TILE * t + o) * m + j] = scalar::dot_tile_row(w.format, stripe, o, *act);
                     }
-                }
-            }
-        }
-        _ => {
-            for (i, row) in stripes.chunks_exact(sb).enumerate() {
-                for (j, act) in a.iter().enumerate() {
-                    out[i * m + j] = scalar::dot_row(w.format, row, *act);
                 }
             }
         }

@@ -7,7 +7,10 @@
 //! are computed together, which is what makes the products batch-invariant.
 
 use crate::act::ActRow;
-use crate::format::{Format, f16_at, q4k_tile_scale_min, q4k_tile_value, q5_0_value, q6k_tile_scale, q6k_tile_value};
+use crate::format::{
+    Format, f16_at, q4k_tile_scale_min, q4k_tile_value, q5_0_tile_value, q6k_tile_scale, q6k_tile_value,
+    q8_0_tile_value,
+};
 
 pub(crate) const LANES: usize = 8;
 
@@ -34,37 +37,22 @@ pub(crate) fn q6k_value(da: f32, d: f32, isum: i32) -> f32 {
     (da * d) * isum as f32
 }
 
-/// One weight row of a row-layout format (Q8_0, Q5_0 blocks) against one activation row.
-pub(crate) fn dot_row(format: Format, w: &[u8], a: ActRow<'_>) -> f32 {
-    let bb = format.block_bytes();
-    let mut acc = [0f32; LANES];
-    for (b, blk) in w.chunks_exact(bb).enumerate() {
-        let value = match format {
-            Format::Q8_0 => {
-                let qa = &a.qs[32 * b..32 * b + 32];
-                let isum: i32 = blk[2..34].iter().zip(qa).map(|(&w, &x)| i32::from(w as i8) * i32::from(x)).sum();
-                q8_value(f16_at(blk, 0), a.scales[b], isum)
-            }
-            Format::Q5_0 => {
-                let qa = &a.qs[32 * b..32 * b + 32];
-                let dot: i32 = (0..32).map(|j| i32::from(q5_0_value(blk, j)) * i32::from(qa[j])).sum();
-                q8_value(f16_at(blk, 0), a.scales[b], dot - 16 * a.sums[b])
-            }
-            Format::Q4K | Format::Q6K => unreachable!("tiled formats use `dot_tile_row`"),
-        };
-        acc[b % LANES] += value;
-    }
-    reduce_lanes(&acc)
-}
-
-/// Row `o` of a stripe of tile blocks (a tiled format, one tile's blocks in order) against one
-/// activation row.
+/// Row `o` of a stripe of tile blocks (one tile's blocks in order) against one activation row.
 pub(crate) fn dot_tile_row(format: Format, stripe: &[u8], o: usize, a: ActRow<'_>) -> f32 {
     let mut acc = [0f32; LANES];
+    let (n, sums_per_block) = (format.block_len(), format.block_len() / format.act_format().sum_len());
     for (b, t) in stripe.chunks_exact(format.tile_block_bytes()).enumerate() {
-        let qa = &a.qs[256 * b..256 * b + 256];
-        let sums = &a.sums[16 * b..16 * b + 16];
+        let qa = &a.qs[n * b..n * (b + 1)];
+        let sums = &a.sums[sums_per_block * b..sums_per_block * (b + 1)];
         let value = match format {
+            Format::Q8_0 => {
+                let isum: i32 = (0..32).map(|e| i32::from(q8_0_tile_value(t, o, e)) * i32::from(qa[e])).sum();
+                q8_value(f16_at(t, 2 * o), a.scales[b], isum)
+            }
+            Format::Q5_0 => {
+                let dot: i32 = (0..32).map(|e| i32::from(q5_0_tile_value(t, o, e)) * i32::from(qa[e])).sum();
+                q8_value(f16_at(t, 2 * o), a.scales[b], dot - 16 * sums[0])
+            }
             Format::Q4K => {
                 let (mut isum, mut summin) = (0i32, 0i32);
                 for j in 0..8 {
@@ -87,7 +75,6 @@ pub(crate) fn dot_tile_row(format: Format, stripe: &[u8], o: usize, a: ActRow<'_
                 }
                 q6k_value(a.scales[b], f16_at(t, 2 * o), isum - 32 * offset)
             }
-            _ => unreachable!("{format:?} is not tiled"),
         };
         acc[b % LANES] += value;
     }
