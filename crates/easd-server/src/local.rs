@@ -8,7 +8,7 @@ use std::sync::Arc;
 use easd_core::EasdParams;
 
 use crate::coordinator::ModeKind;
-use crate::coordinator::request::RequestDefaults;
+use crate::coordinator::request::{DEFAULT_MAX_BLOCK, RequestDefaults};
 use easd_model::{LoadOptions, Model, Tokenizer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -79,6 +79,7 @@ impl LocalOptions {
             mode: self.default_mode,
             k: self.default_k,
             pipeline: self.pipeline,
+            max_block: DEFAULT_MAX_BLOCK,
         }
     }
 }

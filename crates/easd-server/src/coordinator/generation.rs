@@ -12,10 +12,17 @@
 //! already drafting ahead again. Anything else cancels the pre-draft, and drafting restarts from the corrected
 //! prefix. Same blocks, same verifier calls, same decisions: same tokens; only the timing changes.
 //!
+//! **Growing blocks** (pipelined greedy requests): the draft is asked for up to `max_k` tokens ahead, and the next
+//! block takes what it made while the verifier was busy — at least `k`, waiting for those if need be. A fast draft
+//! thus fills the verifier's time instead of idling. Greedy tokens are the target's argmax whatever the blocks are
+//! (with the batch-invariant runtime, bit for bit), so only the block boundaries and the timing change; sampled
+//! requests keep blocks of `k`, since where a block ends decides which draws a position uses.
+//!
 //! Observability stays at the edges of the loop: each step runs in a `step` span (accepted, triggers), each worker
 //! call in a client span (`draft.propose`, `verify`) whose context travels in the request's metadata, and the
 //! metrics are fed from the same counters as the summary (`record_block`, `send_delta`).
 
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,7 +37,7 @@ use tracing::field::Empty;
 
 use super::output::StopFilter;
 use super::request::Plan;
-use super::sides::{DraftSide, Drafted, Scored, VerifierSide};
+use super::sides::{Cutoff, DraftSide, Drafted, Scored, VerifierSide};
 use crate::error::ServerError;
 use crate::prefix::HashedTokens;
 
@@ -79,6 +86,8 @@ pub struct Generation<D, V> {
     prompt_len: usize,
     /// Draft the next block while the verifier scores this one (sd / easd).
     pipeline: bool,
+    /// The most tokens a block drafted ahead may hold: `plan.max_k` for greedy requests, else `plan.k`.
+    grow_to: usize,
     /// The next block, drafted ahead and kept (pipelined loop).
     ahead: Option<Vec<DraftToken>>,
     notes: Vec<String>,
@@ -102,7 +111,9 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let committed = HashedTokens::from_tokens(&plan.prompt_tokens);
         let mode_name = plan.mode.name();
         let pipeline = pipeline && matches!(plan.mode, Mode::Sd | Mode::Easd(_));
+        let grow_to = if plan.sampling.is_greedy() { plan.max_k.max(plan.k) } else { plan.k };
         Self {
+            grow_to,
             prompt_len: plan.prompt_tokens.len(),
             committed,
             plan,
@@ -215,7 +226,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             Mode::Target => self.target_step().await,
             Mode::Draft => {
                 let count = self.plan.k.min(room).max(1);
-                let drafted = self.draft.propose(&self.committed, count).await?.ok_or_else(|| {
+                let drafted = self.draft.propose(&self.committed, count, None).await?.ok_or_else(|| {
                     ServerError::Unavailable(
                         "no draft replica is available and the request asked for draft mode".into(),
                     )
@@ -244,7 +255,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let count = self.plan.k.min(room).max(1);
         let block = match self.ahead.take() {
             Some(block) => block,
-            None => match self.draft.propose(&self.committed, count).await? {
+            None => match self.draft.propose(&self.committed, count, None).await? {
                 Some(drafted) => {
                     self.stats.draft_forward_s += drafted.forward_s;
                     drafted.tokens
@@ -260,15 +271,18 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
                 }
             },
         };
-        debug_assert_eq!(block.len(), count, "a block drafted ahead has the size the sequential loop would draft");
+        debug_assert!(
+            (count..=self.grow_to.max(count)).contains(&block.len()) && block.len() <= room,
+            "a block drafted ahead has k tokens (greedy: up to max_k) and fits"
+        );
         let first_position = self.committed.len() as u64;
         let (greedy, seed) = (self.plan.sampling.is_greedy(), self.plan.seed);
         let decide = |positions: &[TargetPosition]| verify_block(mode, greedy, seed, first_position, &block, positions);
-        // Room for another block if this one is kept whole (k accepted + the bonus).
-        let ahead_count = self.plan.k.min(room.saturating_sub(block.len() + 1));
-        let (scored, outcome, ahead) = if self.pipeline && ahead_count > 0 {
-            verify_drafting_ahead(&mut self.draft, &mut self.verifier, &self.committed, &block, ahead_count, decide)
-                .await?
+        // Room for another block if this one is kept whole (all accepted + the bonus).
+        let after = room.saturating_sub(block.len() + 1);
+        let ahead = self.plan.k.min(after)..=self.grow_to.min(after);
+        let (scored, outcome, ahead) = if self.pipeline && *ahead.start() > 0 {
+            verify_drafting_ahead(&mut self.draft, &mut self.verifier, &self.committed, &block, ahead, decide).await?
         } else {
             let scored = self.verifier.verify(&self.committed, &block).await?;
             let outcome = decide(&scored.positions);
@@ -385,20 +399,22 @@ fn client_gone() -> ServerError {
 
 /// Verifies `block` while the draft drafts the next one from the guess that `block` is kept whole: the committed
 /// tokens + `block` + the draft's own next token (its guess of the bonus, drawn like any draft token at that
-/// position), then `ahead_count` more. As soon as the verifier answers and the block is decided, a pre-draft that
-/// cannot be used is cancelled (the draft stops at its next token); one that can is awaited.
+/// position), then up to `ahead.end()` more. As soon as the verifier answers and the block is decided, a pre-draft
+/// that cannot be used is cancelled (the draft stops at its next token); one that can is cut where the draft has
+/// got to, once it has `ahead.start()` tokens.
 async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
     draft: &mut D,
     verifier: &mut V,
     committed: &HashedTokens,
     block: &[DraftToken],
-    ahead_count: usize,
+    ahead: RangeInclusive<usize>,
     decide: impl FnOnce(&[TargetPosition]) -> BlockOutcome,
 ) -> Result<(Scored, BlockOutcome, Ahead), ServerError> {
     let mut guessed = committed.clone();
     guessed.extend(&block.iter().map(|d| d.token).collect::<Vec<_>>());
+    let cutoff = Cutoff::default();
     let verify = verifier.verify(committed, block);
-    let predraft = draft.propose(&guessed, ahead_count + 1);
+    let predraft = draft.propose(&guessed, ahead.end() + 1, Some(&cutoff));
     tokio::pin!(verify, predraft);
     let mut drafted = None;
     let scored = loop {
@@ -419,10 +435,22 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
     }
     let result = match drafted {
         Some(result) => result,
-        None => predraft.await,
+        None => tokio::select! {
+            biased;
+            result = &mut predraft => result,
+            () = cutoff.arrived_at_least(ahead.start() + 1) => {
+                cutoff.stop();
+                predraft.await
+            }
+        },
     };
     let ahead = match result {
-        Ok(Some(d)) if d.tokens.first().map(|t| t.token) == outcome.tokens.last().copied() => Ahead::Kept(d),
+        Ok(Some(d))
+            if d.tokens.len() > *ahead.start()
+                && d.tokens.first().map(|t| t.token) == outcome.tokens.last().copied() =>
+        {
+            Ahead::Kept(d)
+        }
         Ok(Some(d)) => Ahead::Dropped { forward_s: d.forward_s },
         Ok(None) => Ahead::Dropped { forward_s: 0.0 },
         Err(e) => {

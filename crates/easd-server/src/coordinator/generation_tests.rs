@@ -87,7 +87,12 @@ struct FakeDraft {
 }
 
 impl DraftSide for FakeDraft {
-    async fn propose(&mut self, context: &HashedTokens, count: usize) -> Result<Option<Drafted>, ServerError> {
+    async fn propose(
+        &mut self,
+        context: &HashedTokens,
+        count: usize,
+        cutoff: Option<&Cutoff>,
+    ) -> Result<Option<Drafted>, ServerError> {
         self.calls += 1;
         let context_len = context.len();
         log(&self.events, Event::Propose { context_len, count });
@@ -98,7 +103,14 @@ impl DraftSide for FakeDraft {
         let mut ctx = context.tokens().to_vec();
         let mut tokens = Vec::new();
         for _ in 0..count {
-            tokio::time::sleep(self.per_token).await;
+            match cutoff {
+                Some(c) if !tokens.is_empty() => tokio::select! {
+                    biased;
+                    () = c.stopped() => break,
+                    () = tokio::time::sleep(self.per_token) => {}
+                },
+                _ => tokio::time::sleep(self.per_token).await,
+            }
             let token = draft_next(&ctx, &self.disagree);
             let entropy = entropy_at(ctx.len());
             tokens.push(DraftToken {
@@ -108,12 +120,16 @@ impl DraftSide for FakeDraft {
                 top_n: vec![token],
             });
             ctx.push(token);
+            if let Some(c) = cutoff {
+                c.set_arrived(tokens.len());
+            }
         }
         guard.done = true;
         if matches!(self.fault, Fault::FailCall(n) if self.calls == n) {
             return Err(ServerError::Internal("scripted draft failure".into()));
         }
-        Ok(Some(Drafted { tokens, forward_s: self.per_token.as_secs_f64() * count as f64 }))
+        let forward_s = self.per_token.as_secs_f64() * tokens.len() as f64;
+        Ok(Some(Drafted { tokens, forward_s }))
     }
 
     fn release(&mut self) {
@@ -201,6 +217,8 @@ struct Script {
     mode: Mode,
     sampling: SamplingParams,
     k: usize,
+    /// How far a pipelined greedy block may grow (the plan's `max_k`).
+    max_k: usize,
     max_tokens: usize,
     stop: Vec<String>,
     draft_per_token: Duration,
@@ -216,6 +234,7 @@ impl Default for Script {
             mode: Mode::Sd,
             sampling: SamplingParams::greedy(),
             k: 4,
+            max_k: 4,
             max_tokens: 40,
             stop: vec![],
             draft_per_token: Duration::from_millis(10),
@@ -262,6 +281,7 @@ fn generation(script: &Script, pipeline: bool) -> (Generation<FakeDraft, FakeVer
         stop: script.stop.clone(),
         logprobs: 0,
         pipeline,
+        max_k: script.max_k,
     };
     let draft = FakeDraft {
         disagree: script.disagree.clone(),
@@ -388,6 +408,55 @@ async fn drafting_ahead_overlaps_verification() {
     // guess) hides behind verification except for the first block.
     assert_eq!(sequential.elapsed, Duration::from_millis(8 * 80));
     assert_eq!(pipelined.elapsed, Duration::from_millis(40 + 7 * 50 + 40));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fast_draft_grows_greedy_blocks_with_what_it_made_while_the_verifier_was_busy() {
+    // The draft makes a token in 5 ms, the verifier takes 40 ms: by the time a block is verified the draft has its
+    // guess of the bonus and seven more tokens, so blocks after the first grow to 7 (max_k = 8 caps them).
+    let fast = Script { max_k: 8, draft_per_token: Duration::from_millis(5), max_tokens: 60, ..Script::default() };
+    for disagree in [BTreeSet::new(), every(7, 5), [20, 21, 40].into()] {
+        let script = Script { disagree: disagree.clone(), ..fast.clone() };
+        let (fixed, grown) = (run(&Script { max_k: 4, ..script.clone() }, true).await, run(&script, true).await);
+        // Greedy: the target's own tokens, whatever the blocks.
+        assert_eq!(grown.tokens, target_alone(60), "disagreeing at {disagree:?}");
+        assert_eq!(fixed.tokens, grown.tokens);
+        let blocks: Vec<usize> = grown
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Verify { block, .. } => Some(block.len()),
+                _ => None,
+            })
+            .collect();
+        assert!(blocks.iter().all(|&n| (1..=8).contains(&n)), "{blocks:?}");
+        assert!(grown.verifies().len() <= fixed.verifies().len(), "{disagree:?}: never more verifier calls");
+        if disagree.len() < 5 {
+            // Long runs of agreement: whole blocks of seven (the guess + 7 tokens in 40 ms), fewer calls.
+            assert!(blocks.contains(&7), "{blocks:?}");
+            assert!(grown.verifies().len() < fixed.verifies().len(), "{disagree:?}: {blocks:?}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_block_waits_for_k_tokens_from_a_slow_draft_and_stops_the_draft_once_it_has_them() {
+    // 30 ms a token: when the verifier answers (40 ms) the draft has one token; the block waits for 1 + k = 5, and
+    // the draft, asked for 9, is stopped there. Blocks stay at k: the same calls as the fixed-size loop.
+    let slow = Script { max_k: 8, draft_per_token: Duration::from_millis(30), max_tokens: 30, ..Script::default() };
+    let (fixed, grown) = (run(&Script { max_k: 4, ..slow.clone() }, true).await, run(&slow, true).await);
+    assert_eq!(grown.tokens, target_alone(30));
+    assert_eq!(grown.verifies(), fixed.verifies());
+    assert!(grown.events.contains(&Event::Propose { context_len: 7, count: 9 }), "{:?}", grown.events);
+    assert_eq!(grown.elapsed, fixed.elapsed, "stopping at 1 + k tokens costs no time");
+}
+
+#[tokio::test(start_paused = true)]
+async fn sampled_blocks_do_not_grow() {
+    // Where a block ends decides which draws a sampled position uses: same blocks as the sequential loop.
+    let sampled = SamplingParams { temperature: 0.8, ..SamplingParams::greedy() };
+    let script = Script { max_k: 8, sampling: sampled, draft_per_token: Duration::from_millis(5), ..Script::default() };
+    both(&script).await;
 }
 
 #[tokio::test(start_paused = true)]

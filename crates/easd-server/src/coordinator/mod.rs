@@ -31,7 +31,10 @@ use generation::Generation;
 use pinned::PinnedWorker;
 use pool::{Pool, PoolConfig, Role};
 pub use request::ModeKind;
-use request::{DEFAULT_BLOCK_SIZE, Plan, PlanContext, RequestDefaults, easd_params_to_pb, plan, requested_mode_name};
+use request::{
+    DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCK, Plan, PlanContext, RequestDefaults, easd_params_to_pb, plan,
+    requested_mode_name,
+};
 use sides::{GrpcDraft, GrpcVerifier};
 
 #[derive(Clone, Debug)]
@@ -50,6 +53,9 @@ pub struct CoordinatorConfig {
     /// Draft the next block while the verifier scores this one, for requests that do not say (`pipeline`).
     /// Pays when draft and verifier run on separate machines; the tokens are the same either way.
     pub pipeline: bool,
+    /// How far a pipelined greedy block may grow with what the draft made while the verifier was busy (at least
+    /// the request's k; the tokens are the same either way).
+    pub max_block: usize,
     pub pool: PoolConfig,
     /// How long start-up waits for the workers to answer `Info`.
     pub startup_timeout: Duration,
@@ -65,6 +71,7 @@ impl CoordinatorConfig {
             default_mode: ModeKind::default(),
             default_k: DEFAULT_BLOCK_SIZE,
             pipeline: true,
+            max_block: DEFAULT_MAX_BLOCK,
             pool: PoolConfig::default(),
             startup_timeout: Duration::from_secs(60),
         }
@@ -90,6 +97,7 @@ impl Coordinator {
             return Err(ServerError::invalid("draft", "at least one draft URL is required"));
         }
         validate_block_size(config.default_k).map_err(|e| ServerError::invalid("default_k", e.reason))?;
+        validate_block_size(config.max_block).map_err(|e| ServerError::invalid("max_block", e.reason))?;
         config
             .default_easd
             .validate()
@@ -126,6 +134,7 @@ impl Coordinator {
                 mode: config.default_mode,
                 k: config.default_k,
                 pipeline: config.pipeline,
+                max_block: config.max_block,
             },
             draft_info: draft_infos[0].clone(),
             verifier_infos,

@@ -30,6 +30,10 @@ pub struct Plan {
     pub logprobs: usize,
     /// Draft the next block while the verifier scores this one (sd / easd only).
     pub pipeline: bool,
+    /// Pipelined greedy requests: a block drafted while the verifier was busy takes what the draft made by then, up
+    /// to this many tokens (at least `k`). Greedy tokens do not depend on where blocks end; sampled ones do, so
+    /// their blocks stay at `k`.
+    pub max_k: usize,
 }
 
 /// A mode by name: what the coordinator's default, the CLI and the OpenAI layer all parse and print. The request's
@@ -119,11 +123,22 @@ pub struct RequestDefaults {
     pub mode: ModeKind,
     pub k: usize,
     pub pipeline: bool,
+    /// How far a pipelined greedy block may grow ([`Plan::max_k`]).
+    pub max_block: usize,
 }
+
+/// How far a pipelined greedy block may grow by default.
+pub const DEFAULT_MAX_BLOCK: usize = 2 * DEFAULT_BLOCK_SIZE;
 
 impl Default for RequestDefaults {
     fn default() -> Self {
-        Self { easd: EasdParams::default(), mode: ModeKind::default(), k: DEFAULT_BLOCK_SIZE, pipeline: true }
+        Self {
+            easd: EasdParams::default(),
+            mode: ModeKind::default(),
+            k: DEFAULT_BLOCK_SIZE,
+            pipeline: true,
+            max_block: DEFAULT_MAX_BLOCK,
+        }
     }
 }
 
@@ -276,6 +291,8 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
     }
 
     let request_id = if req.request_id.is_empty() { new_id() } else { req.request_id };
+    let max_k =
+        if fields.sampling.is_greedy() { ctx.defaults.max_block.clamp(fields.k, MAX_BLOCK_SIZE) } else { fields.k };
     Ok(Plan {
         request_id,
         prompt_tokens,
@@ -288,6 +305,7 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
         stop: req.stop,
         logprobs: fields.logprobs,
         pipeline: fields.pipeline,
+        max_k,
     })
 }
 

@@ -2,10 +2,12 @@
 //! so the loop is tested with scripted fakes, and their gRPC implementations over [`PinnedWorker`]s.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use easd_core::{DraftToken, TargetPosition};
 use easd_proto::v1 as pb;
+use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::pinned::PinnedWorker;
@@ -28,15 +30,55 @@ pub struct Scored {
     pub forward_s: f64,
 }
 
+/// A proposal the loop may end early: the draft reports how many tokens have arrived, and once asked to stop it
+/// returns those (at least one) instead of all it was asked for. The pipelined loop's growing blocks use it.
+#[derive(Clone, Debug)]
+pub struct Cutoff {
+    arrived: Arc<watch::Sender<usize>>,
+    stop: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Cutoff {
+    fn default() -> Self {
+        Self { arrived: Arc::new(watch::channel(0).0), stop: Arc::new(watch::channel(false).0) }
+    }
+}
+
+impl Cutoff {
+    /// The draft's side: `n` tokens of the current attempt have arrived (a failover starts again from 0).
+    pub fn set_arrived(&self, n: usize) {
+        self.arrived.send_replace(n);
+    }
+
+    /// The draft's side: resolves once the loop asked to stop.
+    pub async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|&stop| stop).await;
+    }
+
+    /// The loop's side: resolves once at least `n` tokens have arrived.
+    pub async fn arrived_at_least(&self, n: usize) {
+        let mut rx = self.arrived.subscribe();
+        let _ = rx.wait_for(|&arrived| arrived >= n).await;
+    }
+
+    /// The loop's side: return what has arrived.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+}
+
 /// The draft side of a session.
 pub trait DraftSide: Send {
     /// Drafts `count` tokens continuing `context` (the committed tokens, possibly followed by a block that is still
     /// being verified and a guess of its bonus token). `Ok(None)`: no draft can serve; the loop goes on without one.
-    /// Dropping the future cancels the request; the next one still claims correctly.
+    /// With a `cutoff`, the result may hold fewer tokens (at least one) once the loop asked it to stop. Dropping
+    /// the future cancels the request; the next one still claims correctly.
     fn propose(
         &mut self,
         context: &HashedTokens,
         count: usize,
+        cutoff: Option<&Cutoff>,
     ) -> impl Future<Output = Result<Option<Drafted>, ServerError>> + Send;
 
     /// Frees the session on the worker (end of the generation).
@@ -77,7 +119,12 @@ impl GrpcDraft {
 }
 
 impl DraftSide for GrpcDraft {
-    async fn propose(&mut self, context: &HashedTokens, count: usize) -> Result<Option<Drafted>, ServerError> {
+    async fn propose(
+        &mut self,
+        context: &HashedTokens,
+        count: usize,
+        cutoff: Option<&Cutoff>,
+    ) -> Result<Option<Drafted>, ServerError> {
         let (session_id, sampling, top_n) = (self.pin.session_id().to_owned(), self.sampling, self.top_n);
         let timeout = self.pin.pool().config.call_timeout;
         let result = self
@@ -99,10 +146,26 @@ impl DraftSide for GrpcDraft {
                     let mut req = tonic::Request::new(req);
                     req.set_timeout(timeout);
                     easd_telemetry::inject_context(&mut req);
-                    let mut stream = replica.draft().propose(req).await?.into_inner();
                     let mut tokens = Vec::with_capacity(count);
-                    while let Some(t) = stream.message().await? {
+                    if let Some(c) = cutoff {
+                        c.set_arrived(0);
+                    }
+                    let mut stream = replica.draft().propose(req).await?.into_inner();
+                    loop {
+                        let next = match cutoff {
+                            // Stopping drops the stream: the draft makes no more forwards.
+                            Some(c) if !tokens.is_empty() => tokio::select! {
+                                biased;
+                                next = stream.message() => next?,
+                                () = c.stopped() => break,
+                            },
+                            _ => stream.message().await?,
+                        };
+                        let Some(t) = next else { break };
                         tokens.push(t);
+                        if let Some(c) = cutoff {
+                            c.set_arrived(tokens.len());
+                        }
                     }
                     Ok(tokens)
                 }
@@ -110,9 +173,10 @@ impl DraftSide for GrpcDraft {
             })
             .await?;
         let Some(tokens) = result else { return Ok(None) };
-        if tokens.len() != count {
+        if tokens.len() > count || tokens.is_empty() || (tokens.len() < count && cutoff.is_none()) {
             return Err(ServerError::Internal(format!("draft sent {} tokens, {count} asked", tokens.len())));
         }
+        let count = tokens.len();
         let forward_s = tokens.iter().map(|t| f64::from(t.forward_seconds)).sum();
         let tokens: Vec<DraftToken> = tokens.into_iter().map(draft_token_from_pb).collect::<Result<_, _>>()?;
         // The draft fed back every proposal but the last.

@@ -57,6 +57,10 @@ struct Args {
     /// default when draft and verifier are separate workers). The tokens are the same; requests may override it.
     #[arg(long, env = "EASD_NO_PIPELINE")]
     no_pipeline: bool,
+    /// Pipelined greedy requests: how many tokens a block may grow to with what the draft made while the verifier
+    /// was busy (the request's k or more; set it to k to keep blocks fixed). Greedy tokens are the same either way.
+    #[arg(long, default_value_t = easd_server::coordinator::request::DEFAULT_MAX_BLOCK)]
+    max_block: usize,
     /// Bearer token clients must send (authorization: Bearer …).
     #[arg(long, env = "EASD_API_TOKEN")]
     api_token: Option<String>,
@@ -111,6 +115,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.default_mode = defaults.mode;
     config.default_k = defaults.k;
     config.pipeline = !args.no_pipeline;
+    config.max_block = args.max_block;
     config.pool = PoolConfig {
         call_timeout: Duration::from_secs_f64(args.call_timeout_s),
         health_interval: Duration::from_secs_f64(args.health_interval_s),
