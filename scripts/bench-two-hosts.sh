@@ -2,13 +2,14 @@
 # Two simulated hosts on one machine: the draft worker pinned to core 0 and the verifier to core 1, one thread each,
 # each behind a latency-injecting TCP proxy of the project's own (`easd bench proxy`, a per-chunk one-way delay)
 # between it and the coordinator. Greedy, k = 4. For each one-way delay it reports tok/s of: the target alone, sd
-# with the sequential loop, sd pipelined (drafting the next block while the verifier scores this one), easd
-# pipelined — and whether sequential and pipelined sd produced the same token ids.
+# with the sequential loop, sd pipelined with blocks of k (`sd-fixed`: a coordinator started with --max-block k),
+# sd pipelined with growing blocks (`sd-pipe`: up to MAX_BLOCK, the coordinator's default), easd pipelined — and
+# whether the pipelined runs produced the token ids of sequential sd.
 #
 # Usage: scripts/bench-two-hosts.sh [out.tsv]
 #   DELAYS="0 1 5"         one-way delays (ms) for the pencil question
 #   GSM8K_DELAYS="1"        one-way delays for the GSM8K prompts (lines GSM8K_LINES of the train split)
-#   GSM8K_LINES="2000,2004" MAX_TOKENS=256 K=4 MODES="target sd-seq sd-pipe easd-pipe"
+#   GSM8K_LINES="2000,2004" MAX_TOKENS=256 K=4 MAX_BLOCK=8 MODES="target sd-seq sd-fixed sd-pipe easd-pipe"
 #   BIN_DIR=target/release  (easd, easd-draft, easd-verifier, easd-coordinator)
 #   DATA=../shared/data/gsm8k/train.jsonl   ASK_TIMEOUT_S=600 (each request; the script always ends)
 set -euo pipefail
@@ -20,7 +21,8 @@ gsm8k_delays=${GSM8K_DELAYS:-1}
 gsm8k_lines=${GSM8K_LINES:-2000,2004}
 max_tokens=${MAX_TOKENS:-256}
 k=${K:-4}
-modes=${MODES:-target sd-seq sd-pipe easd-pipe}
+max_block=${MAX_BLOCK:-8}
+modes=${MODES:-target sd-seq sd-fixed sd-pipe easd-pipe}
 data=${DATA:-../shared/data/gsm8k/train.jsonl}
 ask_timeout=${ASK_TIMEOUT_S:-600}
 log=$(mktemp -d /tmp/easd-two-hosts.XXXXXX)
@@ -58,26 +60,33 @@ ask() { # url mode pipeline question -> json file
 printf 'delay_ms\tquestion\tmode\ttokens\twall_s\ttok_s\taccept\tkept\tdropped\tsame_tokens_as_sd_seq\n' >"$out"
 run_delay() { # delay question-indices…
   local delay=$1; shift
-  local pdp pvp cp
-  pdp=$(port); pvp=$(port); cp=$(port)
+  local pdp pvp cp fp
+  pdp=$(port); pvp=$(port); cp=$(port); fp=$(port)
   "$bin/easd" bench proxy --listen "127.0.0.1:$pdp" --upstream "127.0.0.1:$dp" --delay-ms "$delay" --max-seconds 7200 >>"$log/proxy.log" 2>&1 &
   pids+=($!)
   "$bin/easd" bench proxy --listen "127.0.0.1:$pvp" --upstream "127.0.0.1:$vp" --delay-ms "$delay" --max-seconds 7200 >>"$log/proxy.log" 2>&1 &
   pids+=($!)
   RUST_LOG=warn "$bin/easd-coordinator" --listen "127.0.0.1:$cp" --draft "http://127.0.0.1:$pdp" \
-    --verifier "http://127.0.0.1:$pvp" --tokenizer target >"$log/coordinator-$delay.log" 2>&1 &
+    --verifier "http://127.0.0.1:$pvp" --tokenizer target --max-block "$max_block" >"$log/coordinator-$delay.log" 2>&1 &
   local coord=$!
   pids+=($coord)
+  # The same workers behind a coordinator whose pipelined blocks stay at k.
+  RUST_LOG=warn "$bin/easd-coordinator" --listen "127.0.0.1:$fp" --draft "http://127.0.0.1:$pdp" \
+    --verifier "http://127.0.0.1:$pvp" --tokenizer target --max-block "$k" >"$log/coordinator-fixed-$delay.log" 2>&1 &
+  local fixed=$!
+  pids+=($fixed)
   wait_healthy "http://127.0.0.1:$cp"
+  wait_healthy "http://127.0.0.1:$fp"
   for qi in "$@"; do
     local question name
     if [ "$qi" = pencil ]; then question=$pencil; name=pencil; else question=${questions[$qi]}; name="gsm8k-$qi"; fi
     for m in $modes; do
-      local mode=${m%-*} pipeline=true
+      local mode=${m%-*} pipeline=true url="http://127.0.0.1:$cp"
       [ "$m" = sd-seq ] && pipeline=false
       [ "$m" = target ] && mode=target
+      [ "$m" = sd-fixed ] && url="http://127.0.0.1:$fp"
       local file="$log/$delay-$name-$m.json"
-      ask "http://127.0.0.1:$cp" "$mode" "$pipeline" "$question" "$file"
+      ask "$url" "$mode" "$pipeline" "$question" "$file"
       python3 - "$file" "$log/$delay-$name-sd-seq.json" "$delay" "$name" "$m" >>"$out" <<'PY'
 import json, os, sys
 f, ref, delay, name, m = sys.argv[1:]
@@ -91,7 +100,7 @@ PY
       tail -n 1 "$out"
     done
   done
-  kill "$coord" 2>/dev/null || true
+  kill "$coord" "$fixed" 2>/dev/null || true
 }
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)   logs: $log"
@@ -105,7 +114,8 @@ for d in $gsm8k_delays; do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# Ratios per delay: pipelined sd / sequential sd and easd / sd (tok/s summed over the questions of each group).
+# Ratios per delay: pipelined sd (fixed and growing blocks) / sequential sd and easd / sd (tok/s summed over the
+# questions of each group).
 python3 - "$out" <<'PY'
 import csv, sys, collections
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
@@ -115,12 +125,14 @@ for r in rows:
     a = agg[(r["delay_ms"], group, r["mode"])]
     a[0] += int(r["tokens"]); a[1] += float(r["wall_s"])
 tps = {key: n / s for key, (n, s) in agg.items() if s > 0}
-print("\ndelay  group   " + "  ".join(f"{m:>9}" for m in ["target", "sd-seq", "sd-pipe", "easd-pipe"]) + "   pipe/seq  easd/sd")
+modes = ["target", "sd-seq", "sd-fixed", "sd-pipe", "easd-pipe"]
+print("\ndelay  group   " + "  ".join(f"{m:>9}" for m in modes) + "  fixed/seq   pipe/seq    easd/sd")
 for delay, group in sorted({(d, g) for d, g, _ in tps}, key=lambda x: (x[1], float(x[0]))):
-    v = {m: tps.get((delay, group, m)) for m in ["target", "sd-seq", "sd-pipe", "easd-pipe"]}
+    v = {m: tps.get((delay, group, m)) for m in modes}
     f = lambda x: f"{x:9.2f}" if x else "        -"
     ratio = lambda a, b: f"{a / b:8.2f}x" if a and b else "        -"
-    print(f"{delay:>5}  {group:<6}  " + "  ".join(f(v[m]) for m in v) + f"  {ratio(v['sd-pipe'], v['sd-seq'])}  {ratio(v['easd-pipe'], v['sd-pipe'])}")
-same = [r["same_tokens_as_sd_seq"] for r in rows if r["mode"] == "sd-pipe"]
-print(f"\npipelined sd same token ids as sequential sd: {same.count('yes')}/{len(same)}")
+    print(f"{delay:>5}  {group:<6}  " + "  ".join(f(v[m]) for m in v)
+          + f"  {ratio(v['sd-fixed'], v['sd-seq'])}  {ratio(v['sd-pipe'], v['sd-seq'])}  {ratio(v['easd-pipe'], v['sd-pipe'])}")
+same = [r["same_tokens_as_sd_seq"] for r in rows if r["mode"] in ("sd-fixed", "sd-pipe")]
+print(f"\npipelined sd (both kinds) same token ids as sequential sd: {same.count('yes')}/{len(same)}")
 PY

@@ -3,11 +3,17 @@
 //! a weighted sum in a fixed order — so its result does not depend on how many queries share the
 //! call or on the cache's capacity.
 
-use rayon::prelude::*;
+use std::cell::RefCell;
+use std::sync::Mutex;
 
 use crate::isa::Isa;
 use crate::pool::pool;
 use crate::scalar::{LANES, reduce_lanes};
+
+thread_local! {
+    /// Each thread's buffer for one head's scores.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 /// The layout of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -41,11 +47,12 @@ pub fn attention(shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32], scale: 
         let qrow = &q[(i * n_heads + h) * hd..(i * n_heads + h + 1) * hd];
         head(isa, qrow, &k[base..base + keys * hd], &v[base..base + keys * hd], scale, scores, o);
     };
-    if seq * n_heads == 1 {
-        one(&mut Vec::new(), (0, &mut out));
-    } else {
-        pool().install(|| out.par_chunks_mut(hd).enumerate().for_each_init(Vec::new, one));
-    }
+    // One piece per (position, head), each writing its own output row.
+    let rows: Vec<Mutex<&mut [f32]>> = out.chunks_mut(hd).map(Mutex::new).collect();
+    pool().for_each(rows.len(), &|idx| {
+        let mut o = rows[idx].lock().unwrap_or_else(|e| e.into_inner());
+        SCORES.with_borrow_mut(|scores| one(scores, (idx, &mut o)));
+    });
     out
 }
 

@@ -4,7 +4,7 @@
 //! row kernel on (weight row, activation row), whose arithmetic does not depend on how many rows
 //! are computed together or on the split — the batch-invariance contract.
 
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 use crate::KernelError;
 use crate::act::{ActRow, QuantizedActs};
@@ -123,10 +123,10 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
             ActFormat::Q8x32 => q8x32.get_or_insert_with(|| QuantizedActs::new(ActFormat::Q8x32, x, m, cols)),
         };
     }
-    let threads = pool().current_num_threads();
+    let threads = pool().threads();
     // Outputs are built transposed (`rows × m`) so that each unit owns one contiguous chunk.
     let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.rows * m]).collect();
-    let mut units = Vec::new();
+    let mut units: Vec<Unit<'_>> = Vec::new();
     for (w, out) in ws.iter().zip(outs.iter_mut()) {
         let acts = match w.format.act_format() {
             ActFormat::Q8K => q8k.as_ref(),
@@ -139,12 +139,14 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
             units.push((*w, acts, u * per_unit, chunk));
         }
     }
-    let run = |(w, acts, first, out): (&QMatrix, &QuantizedActs, usize, &mut [f32])| run_unit(isa, w, acts, first, out);
-    if units.len() == 1 || threads == 1 {
-        units.into_iter().for_each(run);
-    } else {
-        pool().install(|| units.into_par_iter().for_each(run));
-    }
+    // Each unit is taken once, by whichever thread gets to its index.
+    let units: Vec<Mutex<Option<Unit<'_>>>> = units.into_iter().map(|u| Mutex::new(Some(u))).collect();
+    pool().for_each(units.len(), &|i| {
+        let unit = units[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((w, acts, first, out)) = unit {
+            run_unit(isa, w, acts, first, out);
+        }
+    });
     if m > 1 {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             *out = transpose(out, w.rows, m);
@@ -152,6 +154,9 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
     }
     Ok(outs)
 }
+
+/// A work unit: the weight, its quantized activations, its first stripe, and the outputs it owns.
+type Unit<'a> = (&'a QMatrix, &'a QuantizedActs, usize, &'a mut [f32]);
 
 fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut dst = vec![0f32; src.len()];
