@@ -1,5 +1,6 @@
 //! Micro-benchmark of the products on the default pair's shapes, ours against candle's
 //! quantized matmul, one weight read per call. `cargo run --release -p easd-kernels --example kernels [reps]`
+//! (`EASD_THREADS=n`: kernel threads, default all cores).
 
 use std::time::Instant;
 
@@ -9,6 +10,9 @@ use easd_kernels::{Format, Isa, QMatrix, matmul_with};
 
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(20);
+    if let Some(n) = std::env::var("EASD_THREADS").ok().and_then(|s| s.parse().ok()) {
+        easd_kernels::set_threads(n).expect("kernel threads");
+    }
     println!("kernel threads {}, best path {:?}", easd_kernels::threads(), Isa::best());
     let shapes = [
         ("1.5B ffn up   Q4_K", Format::Q4K, GgmlDType::Q4K, 8960, 1536),
