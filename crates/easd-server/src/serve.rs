@@ -159,6 +159,10 @@ pub async fn serve_coordinator(
     let service = CountRefused { inner: InterceptedService::new(service, auth), metrics };
     // The interceptor changes the response body type, so this one is wired by hand.
     let (reporter, health) = tonic_health::server::health_reporter();
+    // Registered before the server answers, so a Watch that comes first sees NOT_SERVING, not "not registered";
+    // the first readiness check follows at once.
+    reporter.set_service_status("", ServingStatus::NotServing).await;
+    reporter.set_service_status(COORDINATOR_SERVICE, ServingStatus::NotServing).await;
     let readiness = tokio::spawn(report_readiness(coordinator, reporter));
     let served = options
         .builder()?

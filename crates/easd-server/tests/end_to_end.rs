@@ -431,11 +431,15 @@ async fn the_pipelined_loop_emits_the_sequential_loops_tokens() {
         assert_eq!(p.tokens, s.tokens, "{case}");
         assert_eq!(p.text, s.text, "{case}");
         assert!(p.summary.pipelined && !s.summary.pipelined, "{case}");
-        assert_eq!(
-            (p.summary.blocks, p.summary.accepted_tokens, p.summary.easd_triggers, p.summary.target_forwards),
-            (s.summary.blocks, s.summary.accepted_tokens, s.summary.easd_triggers, s.summary.target_forwards),
-            "{case}: the same blocks were verified"
-        );
+        // Greedy pipelined blocks are flexible (an empty first block, then growing with the draft's lead): the
+        // same tokens from other blocks. Sampled ones are the sequential loop's blocks.
+        if temperature > 0.0 {
+            assert_eq!(
+                (p.summary.blocks, p.summary.accepted_tokens, p.summary.easd_triggers, p.summary.target_forwards),
+                (s.summary.blocks, s.summary.accepted_tokens, s.summary.easd_triggers, s.summary.target_forwards),
+                "{case}: the same blocks were verified"
+            );
+        }
         kept += p.summary.predrafts_kept;
         dropped += p.summary.predrafts_dropped;
     }

@@ -12,11 +12,13 @@
 //! already drafting ahead again. Anything else cancels the pre-draft, and drafting restarts from the corrected
 //! prefix. Same blocks, same verifier calls, same decisions: same tokens; only the timing changes.
 //!
-//! **Growing blocks** (pipelined greedy requests): the draft is asked for up to `max_k` tokens ahead, and the next
-//! block takes what it made while the verifier was busy — at least `k`, waiting for those if need be. A fast draft
-//! thus fills the verifier's time instead of idling. Greedy tokens are the target's argmax whatever the blocks are
-//! (with the batch-invariant runtime, bit for bit), so only the block boundaries and the timing change; sampled
-//! requests keep blocks of `k`, since where a block ends decides which draws a position uses.
+//! **Flexible blocks** (pipelined greedy requests with `max_k` > `k`): the draft is asked for up to `max_k` tokens
+//! ahead, and the next block takes what it made while the verifier was busy — at least `k`, waiting for those if need
+//! be. A fast draft thus fills the verifier's time instead of idling. And the first block is empty: the verifier's
+//! prefill yields the first token while the draft, after its own prefill, drafts ahead from its guess of that token —
+//! the two prefills overlap instead of following each other. Greedy tokens are the target's argmax whatever the blocks
+//! are (with the batch-invariant runtime, bit for bit), so only the block boundaries and the timing change; sampled
+//! requests keep the sequential loop's blocks, since where a block ends decides which draws a position uses.
 //!
 //! Observability stays at the edges of the loop: each step runs in a `step` span (accepted, triggers), each worker
 //! call in a client span (`draft.propose`, `verify`) whose context travels in the request's metadata, and the
@@ -86,7 +88,9 @@ pub struct Generation<D, V> {
     prompt_len: usize,
     /// Draft the next block while the verifier scores this one (sd / easd).
     pipeline: bool,
-    /// The most tokens a block drafted ahead may hold: `plan.max_k` for greedy requests, else `plan.k`.
+    /// Flexible blocks (see the module doc): pipelined, greedy, and `plan.max_k` > `plan.k`.
+    flexible: bool,
+    /// The most tokens a block drafted ahead may hold: `plan.max_k` with flexible blocks, else `plan.k`.
     grow_to: usize,
     /// The next block, drafted ahead and kept (pipelined loop).
     ahead: Option<Vec<DraftToken>>,
@@ -111,8 +115,10 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let committed = HashedTokens::from_tokens(&plan.prompt_tokens);
         let mode_name = plan.mode.name();
         let pipeline = pipeline && matches!(plan.mode, Mode::Sd | Mode::Easd(_));
-        let grow_to = if plan.sampling.is_greedy() { plan.max_k.max(plan.k) } else { plan.k };
+        let flexible = pipeline && plan.sampling.is_greedy() && plan.max_k > plan.k;
+        let grow_to = if flexible { plan.max_k } else { plan.k };
         Self {
+            flexible,
             grow_to,
             prompt_len: plan.prompt_tokens.len(),
             committed,
@@ -253,8 +259,11 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
     /// decide. Either way the same blocks are verified, so the same tokens come out: only the timing differs.
     async fn speculative_step(&mut self, mode: &Mode, room: usize) -> Result<Vec<Emitted>, ServerError> {
         let count = self.plan.k.min(room).max(1);
+        let first = self.generated() == 0;
         let block = match self.ahead.take() {
             Some(block) => block,
+            // The verifier's prefill gives the first token while the draft drafts ahead from its guess of it.
+            None if self.flexible && first => Vec::new(),
             None => match self.draft.propose(&self.committed, count, None).await? {
                 Some(drafted) => {
                     self.stats.draft_forward_s += drafted.forward_s;
@@ -272,8 +281,9 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             },
         };
         debug_assert!(
-            (count..=self.grow_to.max(count)).contains(&block.len()) && block.len() <= room,
-            "a block drafted ahead has k tokens (greedy: up to max_k) and fits"
+            ((count..=self.grow_to.max(count)).contains(&block.len()) || (block.is_empty() && first))
+                && block.len() <= room,
+            "a block has k tokens (flexible: up to max_k, or none at first) and fits"
         );
         let first_position = self.committed.len() as u64;
         let (greedy, seed) = (self.plan.sampling.is_greedy(), self.plan.seed);
