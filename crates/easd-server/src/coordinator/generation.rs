@@ -14,9 +14,10 @@
 //!
 //! **Flexible blocks** (pipelined greedy requests with `max_k` > `k`): the draft is asked for up to `max_k` tokens
 //! ahead, and the next block takes what it made while the verifier was busy — at least `k`, waiting for those if need
-//! be. A fast draft thus fills the verifier's time instead of idling. And the first block is empty: the verifier's
-//! prefill yields the first token while the draft, after its own prefill, drafts ahead from its guess of that token —
-//! the two prefills overlap instead of following each other. Greedy tokens are the target's argmax whatever the blocks
+//! be, and past `k` only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft thus fills the
+//! verifier's time instead of idling. And the first block is empty: the verifier's prefill yields the first token
+//! while the draft, after its own prefill, drafts ahead from its guess of that token — the two prefills overlap
+//! instead of following each other. Greedy tokens are the target's argmax whatever the blocks
 //! are (with the batch-invariant runtime, bit for bit), so only the block boundaries and the timing change; sampled
 //! requests keep the sequential loop's blocks, since where a block ends decides which draws a position uses.
 //!
@@ -44,6 +45,9 @@ use crate::error::ServerError;
 use crate::prefix::HashedTokens;
 
 pub type EventSender = mpsc::Sender<Result<pb::GenerateEvent, Status>>;
+
+/// The draft entropy (nats, H(q̂)) up to which a flexible block grows past k.
+const GROW_MAX_ENTROPY: f32 = 0.5;
 
 /// Counters for the final summary.
 #[derive(Debug, Default)]
@@ -256,7 +260,8 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
     }
 
     /// propose (or take the block drafted ahead) → verify (drafting the next block meanwhile, when pipelined) →
-    /// decide. Either way the same blocks are verified, so the same tokens come out: only the timing differs.
+    /// decide. Pipelined or not, the same blocks are verified (flexible blocks aside, which only greedy requests get),
+    /// so the same tokens come out: only the timing differs.
     async fn speculative_step(&mut self, mode: &Mode, room: usize) -> Result<Vec<Emitted>, ServerError> {
         let count = self.plan.k.min(room).max(1);
         let first = self.generated() == 0;
@@ -306,7 +311,14 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
                 self.stats.predrafts_kept += 1;
                 self.stats.draft_forward_s += drafted.forward_s;
                 // The first token was the guess of this block's bonus; the rest is the next block.
-                self.ahead = Some(drafted.tokens.into_iter().skip(1).collect());
+                let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(1).collect();
+                // Past k, a block grows only while the draft is sure of its tokens: each unsure token would put the
+                // next pre-draft at risk for little gain.
+                if let Some(extra) = next.get(self.plan.k..) {
+                    let sure = extra.iter().take_while(|d| d.entropy <= GROW_MAX_ENTROPY).count();
+                    next.truncate(self.plan.k + sure);
+                }
+                self.ahead = Some(next);
             }
             Ahead::Dropped { forward_s } => {
                 self.stats.predrafts_dropped += 1;
