@@ -12,7 +12,7 @@ question='A shop sells pencils at $3 each. Emma buys 14 pencils and pays with a 
 
 "$easd" up --listen "127.0.0.1:$port" --no-http >/tmp/easd-bench-up.log 2>&1 &
 up=$!
-trap 'status=$?; kill $up 2>/dev/null; wait $up 2>/dev/null; exit $status' EXIT
+trap 'status=$?; kill $up 2>/dev/null; wait $up 2>/dev/null || true; exit $status' EXIT
 for _ in $(seq 1 600); do
   "$easd" health "http://127.0.0.1:$port" >/dev/null 2>&1 && break
   sleep 0.5

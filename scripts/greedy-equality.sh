@@ -16,7 +16,7 @@ port=$((20000 + RANDOM % 20000))
 
 "$easd" up --listen "127.0.0.1:$port" --no-http >"$out/up.log" 2>&1 &
 up=$!
-trap 'status=$?; kill $up 2>/dev/null; wait $up 2>/dev/null; exit $status' EXIT
+trap 'status=$?; kill $up 2>/dev/null; wait $up 2>/dev/null || true; exit $status' EXIT
 for _ in $(seq 1 600); do
   "$easd" health "http://127.0.0.1:$port" >/dev/null 2>&1 && break
   sleep 0.5
