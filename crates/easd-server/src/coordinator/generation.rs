@@ -94,8 +94,6 @@ pub struct Generation<D, V> {
     pipeline: bool,
     /// Flexible blocks (see the module doc): pipelined, greedy, and `plan.max_k` > `plan.k`.
     flexible: bool,
-    /// The most tokens a block drafted ahead may hold: `plan.max_k` with flexible blocks, else `plan.k`.
-    grow_to: usize,
     /// The next block, drafted ahead and kept (pipelined loop).
     ahead: Option<Vec<DraftToken>>,
     notes: Vec<String>,
@@ -120,10 +118,8 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let mode_name = plan.mode.name();
         let pipeline = pipeline && matches!(plan.mode, Mode::Sd | Mode::Easd(_));
         let flexible = pipeline && plan.sampling.is_greedy() && plan.max_k > plan.k;
-        let grow_to = if flexible { plan.max_k } else { plan.k };
         Self {
             flexible,
-            grow_to,
             prompt_len: plan.prompt_tokens.len(),
             committed,
             plan,
@@ -138,6 +134,11 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             started: Instant::now(),
             metrics,
         }
+    }
+
+    /// The most tokens a block drafted ahead may hold: `plan.max_k` with flexible blocks, else `plan.k`.
+    fn grow_to(&self) -> usize {
+        if self.flexible { self.plan.max_k } else { self.plan.k }
     }
 
     fn generated(&self) -> usize {
@@ -286,7 +287,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             },
         };
         debug_assert!(
-            ((count..=self.grow_to.max(count)).contains(&block.len()) || (block.is_empty() && first))
+            ((count..=self.grow_to().max(count)).contains(&block.len()) || (block.is_empty() && first))
                 && block.len() <= room,
             "a block has k tokens (flexible: up to max_k, or none at first) and fits"
         );
@@ -295,7 +296,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let decide = |positions: &[TargetPosition]| verify_block(mode, greedy, seed, first_position, &block, positions);
         // Room for another block if this one is kept whole (all accepted + the bonus).
         let after = room.saturating_sub(block.len() + 1);
-        let ahead = self.plan.k.min(after)..=self.grow_to.min(after);
+        let ahead = self.plan.k.min(after)..=self.grow_to().min(after);
         let (scored, outcome, ahead) = if self.pipeline && *ahead.start() > 0 {
             verify_drafting_ahead(&mut self.draft, &mut self.verifier, &self.committed, &block, ahead, decide).await?
         } else {
