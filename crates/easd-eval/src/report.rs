@@ -275,31 +275,14 @@ mod tests {
 
     fn record(problem: usize, variant: &str, correct: bool, wall_s: f64) -> ResultRecord {
         ResultRecord {
-            problem,
-            variant: variant.into(),
-            mode: match variant {
-                "target" => Mode::Target,
-                "easd" => Mode::Easd,
-                _ => Mode::Sd,
-            },
-            settings: "h".into(),
-            seed: 0,
-            question_hash: String::new(),
-            easd: None,
-            easd_defaults: None,
-            expected: Some(1.0),
             predicted: Some(if correct { 1.0 } else { 2.0 }),
-            predicted_text: None,
-            answer_source: None,
             correct,
-            draft_tokens: 0,
             target_tokens: 10,
             client_wall_s: 2.0,
-            output: String::new(),
             summary: GenerationSummary { generated_tokens: 10, wall_s, ..GenerationSummary::default() },
-            session: "s".into(),
-            concurrency: 1,
             token_ids_sha256: format!("ids-{problem}"),
+            settings: "h".into(),
+            ..ResultRecord::example(problem, variant)
         }
     }
 

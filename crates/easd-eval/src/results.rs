@@ -173,14 +173,18 @@ fn complete_prefix_len(path: &Path) -> Result<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(problem: usize, variant: &str) -> ResultRecord {
+impl ResultRecord {
+    /// A correct answer ("1") to `problem` by `variant` (its mode read from the name: target, easd, else sd) in
+    /// session "s", for the crate's tests to adjust.
+    pub(crate) fn example(problem: usize, variant: &str) -> ResultRecord {
         ResultRecord {
             problem,
             variant: variant.to_string(),
-            mode: Mode::Sd,
+            mode: match variant {
+                "target" => Mode::Target,
+                "easd" => Mode::Easd,
+                _ => Mode::Sd,
+            },
             settings: "abc".into(),
             seed: problem as u64,
             question_hash: "q".into(),
@@ -200,6 +204,15 @@ mod tests {
             concurrency: 1,
             token_ids_sha256: token_ids_sha256(&[1, 2, 3]),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(problem: usize, variant: &str) -> ResultRecord {
+        ResultRecord { mode: Mode::Sd, ..ResultRecord::example(problem, variant) }
     }
 
     #[test]

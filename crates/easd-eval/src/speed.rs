@@ -207,27 +207,13 @@ mod tests {
 
     fn line(problem: usize, variant: &str, mode: Mode, session: &str, tokens: u32, wall_s: f64) -> ResultRecord {
         ResultRecord {
-            problem,
-            variant: variant.into(),
             mode,
-            settings: "h".into(),
-            seed: 0,
-            question_hash: String::new(),
-            easd: None,
-            easd_defaults: None,
-            expected: Some(1.0),
-            predicted: Some(1.0),
-            predicted_text: None,
-            answer_source: None,
-            correct: true,
-            draft_tokens: 0,
             target_tokens: tokens,
             client_wall_s: wall_s,
-            output: String::new(),
             summary: GenerationSummary { generated_tokens: tokens, wall_s, ..GenerationSummary::default() },
             session: session.into(),
             concurrency: if session.is_empty() { 0 } else { 4 },
-            token_ids_sha256: String::new(),
+            ..ResultRecord::example(problem, variant)
         }
     }
 

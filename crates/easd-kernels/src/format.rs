@@ -97,13 +97,12 @@ impl Format {
         Ok(cols / self.block_len() * self.block_bytes())
     }
 
-    /// Appends the tile block made of `rows`' blocks (GGUF layout; `None`: a padding row of zeros).
-    pub(crate) fn tile_block(self, rows: &[Option<&[u8]>; TILE], out: &mut Vec<u8>) {
+    /// Writes the tile block made of `rows`' blocks (GGUF layout; `None`: a padding row of zeros)
+    /// into `t` (`tile_block_bytes` long, zeroed).
+    pub(crate) fn tile_block(self, rows: &[Option<&[u8]>; TILE], t: &mut [u8]) {
         let zero = [0u8; 210];
         let blk = |o: usize| rows[o].unwrap_or(&zero[..self.block_bytes()]);
-        let at = out.len();
-        out.resize(at + self.tile_block_bytes(), 0);
-        let t = &mut out[at..];
+        debug_assert_eq!(t.len(), self.tile_block_bytes());
         match self {
             Format::Q4K => {
                 for o in 0..TILE {

@@ -1,5 +1,5 @@
 //! Micro-benchmark of candle's CPU quantized matmul kernels at the shapes of the default pair,
-//! to choose load-time re-quantization targets: `cargo run --release -p easd-model --example kernels`.
+//! to choose load-time re-quantization targets: `cargo run --release -p easd-model --example candle_kernels`.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
