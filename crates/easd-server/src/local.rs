@@ -34,6 +34,8 @@ pub struct LocalOptions {
     /// Pipelined loop by default. Off here: in one process the draft and the verifier share the same cores, so
     /// drafting ahead competes with verification instead of overlapping it (requests may still ask for it).
     pub pipeline: bool,
+    /// Live sessions on the verifier at which greedy sd stops speculating (`CoordinatorConfig::speculation_off_at`).
+    pub speculation_off_at: usize,
     /// Where the coordinator listens (port 0: any free port).
     pub coordinator_addr: SocketAddr,
     /// Bearer token for the coordinator's client API.
@@ -49,6 +51,7 @@ impl Default for LocalOptions {
             default_easd: EasdParams::default(),
             default_mode: ModeKind::default(),
             pipeline: false,
+            speculation_off_at: 0,
             default_k: crate::coordinator::request::DEFAULT_BLOCK_SIZE,
             coordinator_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
@@ -80,6 +83,7 @@ impl LocalOptions {
             k: self.default_k,
             pipeline: self.pipeline,
             max_block: DEFAULT_MAX_BLOCK,
+            speculation_off_at: self.speculation_off_at,
         }
     }
 }
@@ -158,6 +162,7 @@ impl LocalStack {
         config.default_mode = opts.default_mode;
         config.default_k = opts.default_k;
         config.pipeline = opts.pipeline;
+        config.speculation_off_at = opts.speculation_off_at;
         let coordinator = Coordinator::connect(config, tokenizer).await?;
         let (listener, coordinator_url) = bind(opts.coordinator_addr).await?;
         let opts_server = ServerOptions { tls: None, api_token: opts.api_token.clone() };

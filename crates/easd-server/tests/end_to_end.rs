@@ -480,3 +480,21 @@ async fn a_pipelined_generation_ended_early_releases_both_workers() {
     }
     stack.shutdown().await;
 }
+
+/// With speculation off at one live session (every session counts itself), greedy sd runs the target alone: no
+/// draft token, the target's tokens, and the summary says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_sd_under_load_runs_the_target_alone_with_the_same_tokens() {
+    let models = tiny_models(0);
+    let stack = stack(&models, LocalOptions { speculation_off_at: 1, ..LocalOptions::default() }).await;
+    let target = generate(&stack.coordinator_url, request("Once upon a time", pb::Mode::Target, 30)).await.unwrap();
+    let sd = generate(&stack.coordinator_url, request("Once upon a time", pb::Mode::Sd, 30)).await.unwrap();
+    assert_eq!(sd.tokens, target.tokens);
+    assert_eq!((sd.summary.drafted_tokens, sd.summary.mode.as_str()), (0, "sd"));
+    assert!(sd.summary.note.contains("ran the target alone"), "{:?}", sd.summary.note);
+    // Sampled sd keeps speculating.
+    let sampled = pb::GenerateRequest { temperature: Some(0.8), ..request("Once upon a time", pb::Mode::Sd, 30) };
+    let sampled = generate(&stack.coordinator_url, sampled).await.unwrap();
+    assert!(sampled.summary.drafted_tokens > 0);
+    stack.shutdown().await;
+}

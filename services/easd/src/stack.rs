@@ -43,6 +43,10 @@ pub struct LocalArgs {
     /// Most input rows (tokens, all sessions together) in one forward of a worker; 1 turns batching off.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_max_rows: u64,
+    /// Greedy sd requests run the target alone, without drafting, while this many sessions (or more) share the
+    /// verifier: with a large batch, verifying drafted rows costs more than it saves. Same tokens. 0: never.
+    #[arg(long, default_value_t = 0)]
+    pub speculation_off_at: usize,
 }
 
 impl LocalArgs {
@@ -69,7 +73,12 @@ impl LocalArgs {
             anyhow::anyhow!("--batch-window-ms must be a finite number ≥ 0, got {}", self.batch_window_ms)
         })?;
         let batch = BatchOptions { window, max_rows: self.batch_max_rows as usize, ..opts.batch };
-        let opts = LocalOptions { verifier_replicas: self.verifiers, batch, ..opts };
+        let opts = LocalOptions {
+            verifier_replicas: self.verifiers,
+            batch,
+            speculation_off_at: self.speculation_off_at,
+            ..opts
+        };
         LocalStack::start_from_files(&files.draft, &files.target, &load, opts).await.context("starting the local stack")
     }
 }

@@ -62,6 +62,8 @@ struct Stats {
     target_forward_s: f64,
     predrafts_kept: u32,
     predrafts_dropped: u32,
+    /// Steps run by the target alone because the verifier was busy with other sessions.
+    unspeculated: u32,
     triggers: Vec<pb::EasdTrigger>,
     first_token_s: Option<f64>,
 }
@@ -264,6 +266,14 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
     /// decide. Pipelined or not, the same blocks are verified (flexible blocks aside, which only greedy requests get),
     /// so the same tokens come out: only the timing differs.
     async fn speculative_step(&mut self, mode: &Mode, room: usize) -> Result<Vec<Emitted>, ServerError> {
+        // Under a large batch the target alone is cheaper (plan.speculation_off_at: greedy sd only, same tokens). A
+        // block already drafted ahead is verified first: nothing is in flight once it is decided.
+        let off_at = self.plan.speculation_off_at;
+        let exact = matches!(mode, Mode::Sd) && self.plan.sampling.is_greedy();
+        if exact && off_at > 0 && self.ahead.is_none() && self.verifier.live_sessions() >= off_at {
+            self.stats.unspeculated += 1;
+            return self.target_step().await;
+        }
         let count = self.plan.k.min(room).max(1);
         let first = self.generated() == 0;
         let block = match self.ahead.take() {
@@ -381,6 +391,17 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         }
     }
 
+    fn note(&self) -> String {
+        let mut notes = self.notes.clone();
+        if self.stats.unspeculated > 0 {
+            notes.push(format!(
+                "{} of {} steps ran the target alone: at least {} sessions shared the verifier",
+                self.stats.unspeculated, self.stats.blocks, self.plan.speculation_off_at
+            ));
+        }
+        notes.join("; ")
+    }
+
     fn summary(&self, finish_reason: &str) -> pb::Summary {
         let wall_s = self.started.elapsed().as_secs_f64();
         let generated = self.generated() as u32;
@@ -407,7 +428,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             target_forward_seconds: s.target_forward_s,
             overhead_seconds: (wall_s - s.draft_forward_s - s.target_forward_s).max(0.0),
             triggers: s.triggers.clone(),
-            note: self.notes.join("; "),
+            note: self.note(),
             request_id: self.plan.request_id.clone(),
             pipelined: self.pipeline,
             predrafts_kept: s.predrafts_kept,

@@ -146,6 +146,8 @@ struct FakeVerifier {
     fault: Fault,
     calls: usize,
     events: Log,
+    /// Sessions live on the replica: `.0` until call `.1` (0: from the start), 1 after.
+    load: (usize, usize),
 }
 
 impl VerifierSide for FakeVerifier {
@@ -189,6 +191,10 @@ impl VerifierSide for FakeVerifier {
         log(&self.events, Event::Released("verifier"));
     }
 
+    fn live_sessions(&self) -> usize {
+        if self.calls < self.load.1 { self.load.0 } else { 1 }
+    }
+
     fn replicas_used(&self) -> Vec<String> {
         vec!["fake".into()]
     }
@@ -225,6 +231,9 @@ struct Script {
     verify_delay: Duration,
     draft_fault: Fault,
     verifier_fault: Fault,
+    /// Sessions live on the verifier before its call n, and the n (`FakeVerifier::load`).
+    verifier_load: (usize, usize),
+    speculation_off_at: usize,
 }
 
 impl Default for Script {
@@ -241,6 +250,8 @@ impl Default for Script {
             verify_delay: Duration::from_millis(40),
             draft_fault: Fault::None,
             verifier_fault: Fault::None,
+            verifier_load: (1, 0),
+            speculation_off_at: 0,
         }
     }
 }
@@ -282,6 +293,7 @@ fn generation(script: &Script, pipeline: bool) -> (Generation<FakeDraft, FakeVer
         logprobs: 0,
         pipeline,
         max_k: script.max_k,
+        speculation_off_at: script.speculation_off_at,
     };
     let draft = FakeDraft {
         disagree: script.disagree.clone(),
@@ -290,8 +302,13 @@ fn generation(script: &Script, pipeline: bool) -> (Generation<FakeDraft, FakeVer
         calls: 0,
         events: events.clone(),
     };
-    let verifier =
-        FakeVerifier { delay: script.verify_delay, fault: script.verifier_fault, calls: 0, events: events.clone() };
+    let verifier = FakeVerifier {
+        delay: script.verify_delay,
+        fault: script.verifier_fault,
+        calls: 0,
+        events: events.clone(),
+        load: script.verifier_load,
+    };
     (Generation::new(plan, draft, verifier, tokenizer(), CoordinatorMetrics::new(), pipeline), events)
 }
 
@@ -354,6 +371,38 @@ async fn sampled_and_easd_requests_are_the_same_pipelined_and_sequential() {
         if let Mode::Easd(_) = mode {
             assert!(sequential.summary().easd_triggers > 0, "the scripted entropies make the rule fire");
         }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn greedy_sd_runs_the_target_alone_while_the_verifier_is_shared_and_speculates_again_after() {
+    let loaded = Script { disagree: every(5, 6), speculation_off_at: 4, ..Script::default() };
+    // Four sessions on the verifier for the whole answer: no drafting at all, one verify of an empty block per token.
+    let (_, run) = both(&Script { verifier_load: (4, usize::MAX), ..loaded.clone() }).await;
+    assert_eq!(run.tokens, target_alone(40));
+    assert_eq!(run.count(|e| matches!(e, Event::Propose { .. })), 0);
+    assert!(run.verifies().iter().all(|e| matches!(e, Event::Verify { block, .. } if block.is_empty())));
+    assert_eq!(run.summary().note, "40 of 40 steps ran the target alone: at least 4 sessions shared the verifier");
+    // Three sessions: below the threshold, it speculates.
+    let (_, run) = both(&Script { verifier_load: (3, usize::MAX), ..loaded.clone() }).await;
+    assert_eq!(run.tokens, target_alone(40));
+    assert!(run.summary().accepted_tokens > 0 && run.summary().note.is_empty());
+    // The batch shrinks after the verifier's tenth call: drafting resumes from where the target got to.
+    let (_, run) = both(&Script { verifier_load: (6, 10), ..loaded }).await;
+    assert_eq!(run.tokens, target_alone(40));
+    assert!(run.summary().note.starts_with("10 of "), "{}", run.summary().note);
+    assert!(run.events.contains(&Event::Propose { context_len: PROMPT.len() + 10, count: 4 }), "{:?}", run.events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sampled_sd_and_easd_keep_speculating_under_load() {
+    let sampled = SamplingParams { temperature: 0.8, ..SamplingParams::greedy() };
+    for (mode, sampling) in [(Mode::Sd, sampled), (Mode::Easd(EasdParams::default()), SamplingParams::greedy())] {
+        let script =
+            Script { mode, sampling, verifier_load: (8, usize::MAX), speculation_off_at: 2, ..Script::default() };
+        let run = run(&script, false).await;
+        assert!(run.count(|e| matches!(e, Event::Propose { .. })) > 0);
+        assert!(run.summary().note.is_empty());
     }
 }
 

@@ -56,6 +56,9 @@ pub struct CoordinatorConfig {
     /// How far a pipelined greedy block may grow with what the draft made while the verifier was busy (at least
     /// the request's k; the tokens are the same either way).
     pub max_block: usize,
+    /// Live sessions on a verifier replica at which greedy `sd` requests stop drafting and run the target alone
+    /// (the same tokens; 0: never). Under a large batch, verifying drafted rows costs more than it saves.
+    pub speculation_off_at: usize,
     pub pool: PoolConfig,
     /// How long start-up waits for the workers to answer `Info`.
     pub startup_timeout: Duration,
@@ -72,6 +75,7 @@ impl CoordinatorConfig {
             default_k: DEFAULT_BLOCK_SIZE,
             pipeline: true,
             max_block: DEFAULT_MAX_BLOCK,
+            speculation_off_at: 0,
             pool: PoolConfig::default(),
             startup_timeout: Duration::from_secs(60),
         }
@@ -135,6 +139,7 @@ impl Coordinator {
                 k: config.default_k,
                 pipeline: config.pipeline,
                 max_block: config.max_block,
+                speculation_off_at: config.speculation_off_at,
             },
             draft_info: draft_infos[0].clone(),
             verifier_infos,

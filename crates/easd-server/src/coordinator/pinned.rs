@@ -73,6 +73,11 @@ impl PinnedWorker {
         &self.session_id
     }
 
+    /// Sessions this coordinator has live on the replica the session is pinned to (0 before the first lease).
+    pub fn live_sessions(&self) -> usize {
+        self.lease.as_ref().map_or(0, |l| l.replica.live_sessions())
+    }
+
     pub fn replicas_used(&self) -> &[String] {
         &self.used
     }

@@ -34,6 +34,10 @@ pub struct Plan {
     /// to this many tokens (at least `k`). Greedy tokens do not depend on where blocks end; sampled ones do, so
     /// their blocks stay at `k`.
     pub max_k: usize,
+    /// Greedy `sd` requests: a step runs the target alone, without drafting, while at least this many sessions are
+    /// live on the session's verifier replica (0: always speculate). Greedy `sd` emits the target's argmax whatever
+    /// the blocks are, so the tokens are the same; other modes and sampled requests always speculate.
+    pub speculation_off_at: usize,
 }
 
 /// A mode by name: what the coordinator's default, the CLI and the OpenAI layer all parse and print. The request's
@@ -125,6 +129,8 @@ pub struct RequestDefaults {
     pub pipeline: bool,
     /// How far a pipelined greedy block may grow ([`Plan::max_k`]).
     pub max_block: usize,
+    /// Live sessions on a verifier at which greedy `sd` stops speculating ([`Plan::speculation_off_at`]).
+    pub speculation_off_at: usize,
 }
 
 /// How far a pipelined greedy block may grow by default.
@@ -138,6 +144,7 @@ impl Default for RequestDefaults {
             k: DEFAULT_BLOCK_SIZE,
             pipeline: true,
             max_block: DEFAULT_MAX_BLOCK,
+            speculation_off_at: 0,
         }
     }
 }
@@ -306,6 +313,7 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
         logprobs: fields.logprobs,
         pipeline: fields.pipeline,
         max_k,
+        speculation_off_at: ctx.defaults.speculation_off_at,
     })
 }
 

@@ -99,6 +99,9 @@ pub trait VerifierSide: Send {
 
     fn release(&mut self);
 
+    /// Sessions live on the replica this session is pinned to (its batch, as far as this coordinator knows).
+    fn live_sessions(&self) -> usize;
+
     /// The replicas that served the session, in order.
     fn replicas_used(&self) -> Vec<String>;
 
@@ -268,6 +271,10 @@ impl VerifierSide for GrpcVerifier {
 
     fn release(&mut self) {
         self.pin.release();
+    }
+
+    fn live_sessions(&self) -> usize {
+        self.pin.live_sessions()
     }
 
     fn replicas_used(&self) -> Vec<String> {

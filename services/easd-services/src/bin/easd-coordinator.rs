@@ -61,6 +61,11 @@ struct Args {
     /// was busy (the request's k or more; set it to k to keep blocks fixed). Greedy tokens are the same either way.
     #[arg(long, default_value_t = easd_server::coordinator::request::DEFAULT_MAX_BLOCK)]
     max_block: usize,
+    /// Greedy sd requests stop drafting and run the target alone while this many sessions (or more) are live on
+    /// their verifier replica: with a large batch, verifying drafted rows costs more than it saves. The tokens are
+    /// the same. 0: always speculate.
+    #[arg(long, default_value_t = 0)]
+    speculation_off_at: usize,
     /// Bearer token clients must send (authorization: Bearer …).
     #[arg(long, env = "EASD_API_TOKEN")]
     api_token: Option<String>,
@@ -116,6 +121,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.default_k = defaults.k;
     config.pipeline = !args.no_pipeline;
     config.max_block = args.max_block;
+    config.speculation_off_at = args.speculation_off_at;
     config.pool = PoolConfig {
         call_timeout: Duration::from_secs_f64(args.call_timeout_s),
         health_interval: Duration::from_secs_f64(args.health_interval_s),
