@@ -58,6 +58,20 @@ trait Lanes: Copy {
     unsafe fn dot4_i8(self, w: Self, a: i32) -> Self;
     /// `self + Σ` of each lane's two i16 of `w` times the two i16 of `a` (exact).
     unsafe fn dot2(self, w: Self, a: i32) -> Self;
+    /// Whether a run of `dot4`s (`run_dot4`) is held in i16 halves, so that each call site must
+    /// bound its run's sum by `i16::MAX` (AVX2) rather than only by `i32::MAX` (AVX-512).
+    const NARROW_RUNS: bool;
+    /// `dot4` for a run of them summed before one `run_times` / `run_sum`: AVX2 keeps `maddubs`'s
+    /// pairwise sums in i16 halves (one instruction less per `dot4`; the call sites bound the sum),
+    /// AVX-512 is `dot4`. Starts from `zero()`.
+    unsafe fn run_dot4(self, w: Self, a: i32) -> Self;
+    unsafe fn run_add(self, o: Self) -> Self;
+    /// A run's sum as i32 lanes.
+    unsafe fn run_sum(self) -> Self;
+    /// A run's sum times each lane's scale, `s` from `run_scales` (exact), as i32 lanes.
+    unsafe fn run_times(self, s: Self) -> Self;
+    /// Each lane's low / high i16 of `sc` in the form `run_times` takes.
+    unsafe fn run_scales(sc: Self) -> [Self; 2];
     unsafe fn mul(self, o: Self) -> Self;
     unsafe fn add(self, o: Self) -> Self;
     unsafe fn sub(self, o: Self) -> Self;
@@ -160,6 +174,31 @@ impl Lanes for Zmm {
     unsafe fn dot2(self, w: Self, a: i32) -> Self {
         // SAFETY: see the impl.
         unsafe { Zmm(_mm512_dpwssd_epi32(self.0, w.0, _mm512_set1_epi32(a))) }
+    }
+    const NARROW_RUNS: bool = false;
+    #[inline(always)]
+    unsafe fn run_dot4(self, w: Self, a: i32) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.dot4(w, a) }
+    }
+    #[inline(always)]
+    unsafe fn run_add(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.add(o) }
+    }
+    #[inline(always)]
+    unsafe fn run_sum(self) -> Self {
+        self
+    }
+    #[inline(always)]
+    unsafe fn run_times(self, s: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.mul(s) }
+    }
+    #[inline(always)]
+    unsafe fn run_scales(sc: Self) -> [Self; 2] {
+        // SAFETY: see the impl.
+        unsafe { [sc.low_i16(), sc.high_i16()] }
     }
     #[inline(always)]
     unsafe fn mul(self, o: Self) -> Self {
@@ -355,6 +394,45 @@ impl Lanes for Ymm2 {
             self.zip(w, |acc, w| _mm256_add_epi32(acc, _mm256_madd_epi16(w, a)))
         }
     }
+    const NARROW_RUNS: bool = true;
+    #[inline(always)]
+    unsafe fn run_dot4(self, w: Self, a: i32) -> Self {
+        // SAFETY: see the impl.
+        unsafe {
+            let a = _mm256_set1_epi32(a);
+            self.zip(w, |acc, w| _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, a)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn run_add(self, o: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.zip(o, |a, b| _mm256_add_epi16(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn run_sum(self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.map(|a| _mm256_madd_epi16(a, _mm256_set1_epi16(1))) }
+    }
+    #[inline(always)]
+    unsafe fn run_times(self, s: Self) -> Self {
+        // SAFETY: see the impl.
+        unsafe { self.zip(s, |a, s| _mm256_madd_epi16(a, s)) }
+    }
+    #[inline(always)]
+    unsafe fn run_scales(sc: Self) -> [Self; 2] {
+        // SAFETY: see the impl.
+        unsafe {
+            // Each lane's low (high) i16 into both of its halves, for `madd`.
+            let low = _mm256_setr_epi8(
+                0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+            );
+            let high = _mm256_setr_epi8(
+                2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15,
+                14, 15,
+            );
+            [sc.map(|v| _mm256_shuffle_epi8(v, low)), sc.map(|v| _mm256_shuffle_epi8(v, high))]
+        }
+    }
     #[inline(always)]
     unsafe fn mul(self, o: Self) -> Self {
         // SAFETY: see the impl.
@@ -532,12 +610,15 @@ unsafe fn tiles<V: Lanes, const R: usize>(
 /// demand loads alone leave memory bandwidth unused when a product streams its weights once.
 const PREFETCH_BLOCKS: usize = 2;
 
-/// Asks for the cache lines of the tile block `PREFETCH_BLOCKS` after the one at `t` (`bytes`
-/// long). Past the end of the weights this is a harmless hint: prefetches never fault.
+/// Asks for part `part` of `parts` of the cache lines of the tile block `PREFETCH_BLOCKS` after
+/// the one at `t` (`bytes` long). Spread over the block's loop rather than issued at once, the
+/// requests do not queue behind each other. Past the end of the weights this is a harmless hint:
+/// prefetches never fault.
 #[inline(always)]
-unsafe fn prefetch_ahead(t: *const u8, bytes: usize) {
+unsafe fn prefetch_ahead(t: *const u8, bytes: usize, part: usize, parts: usize) {
     let ahead = t.wrapping_add(PREFETCH_BLOCKS * bytes);
-    for line in (0..bytes).step_by(64) {
+    let (from, to) = (bytes * part / parts, bytes * (part + 1) / parts);
+    for line in (from.next_multiple_of(64)..to).step_by(64) {
         // SAFETY: a prefetch reads nothing architecturally and cannot fault.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8) };
     }
@@ -573,14 +654,15 @@ unsafe fn q4k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActR
         let m4 = V::splat8(0x0F);
         for b in 0..nb {
             let t = stripe.as_ptr().add(b * Q4K_TILE_BYTES);
-            prefetch_ahead(t, Q4K_TILE_BYTES);
             let mut isum = [V::zero(); R];
             for p in 0..4 {
+                prefetch_ahead(t, Q4K_TILE_BYTES, p, 4);
                 let sc = V::widen_u8(t.add(Q4K_SCALES + 32 * p));
-                for (half, s) in [sc.low_i16(), sc.high_i16()].into_iter().enumerate() {
+                for (half, s) in V::run_scales(sc).into_iter().enumerate() {
                     let j = 2 * p + half;
                     // Two dependency chains per row when few rows share the call, one otherwise
-                    // (the rows' chains already overlap; registers are the limit).
+                    // (the rows' chains already overlap; registers are the limit). One run of
+                    // eight `dot4`s: |sum| ≤ 8 · 2 · 15 · 127 = 30,480 fits i16.
                     let split = R <= 2;
                     let mut lo = [V::zero(); R];
                     let mut hi = [V::zero(); R];
@@ -589,17 +671,17 @@ unsafe fn q4k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActR
                         let (wl, wh) = (line.and(m4), line.shr16_4().and(m4));
                         for r in 0..R {
                             let ap = a[r].qs.as_ptr().add(256 * b + 32 * j + 4 * q) as *const i32;
-                            lo[r] = lo[r].dot4(wl, ap.read_unaligned());
+                            lo[r] = lo[r].run_dot4(wl, ap.read_unaligned());
                             if split {
-                                hi[r] = hi[r].dot4(wh, ap.add(4).read_unaligned());
+                                hi[r] = hi[r].run_dot4(wh, ap.add(4).read_unaligned());
                             } else {
-                                lo[r] = lo[r].dot4(wh, ap.add(4).read_unaligned());
+                                lo[r] = lo[r].run_dot4(wh, ap.add(4).read_unaligned());
                             }
                         }
                     }
                     for r in 0..R {
-                        let dot = if split { lo[r].add(hi[r]) } else { lo[r] };
-                        isum[r] = isum[r].add(dot.mul(s));
+                        let run = if split { lo[r].run_add(hi[r]) } else { lo[r] };
+                        isum[r] = isum[r].add(run.run_times(s));
                     }
                 }
             }
@@ -630,15 +712,15 @@ unsafe fn q6k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActR
         let (m4, m30) = (V::splat8(0x0F), V::splat8(0x30));
         for b in 0..nb {
             let t = stripe.as_ptr().add(b * tb);
-            prefetch_ahead(t, tb);
             let mut isum = [V::zero(); R];
             let mut offset = [V::zero(); R];
             for p in 0..8 {
+                prefetch_ahead(t, tb, p, 8);
                 let sc = V::widen_i8(t.add(Q6K_SCALES + 32 * p));
                 for r in 0..R {
                     offset[r] = offset[r].dot2(sc, a[r].pairs16[8 * b + p] as i32);
                 }
-                for (half, s) in [sc.low_i16(), sc.high_i16()].into_iter().enumerate() {
+                for (half, s) in V::run_scales(sc).into_iter().enumerate() {
                     let g = 2 * p + half;
                     let l0 = V::load(t.add(Q6K_LOW + 64 * (2 * g)));
                     let l1 = V::load(t.add(Q6K_LOW + 64 * (2 * g + 1)));
@@ -651,11 +733,18 @@ unsafe fn q6k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActR
                     ];
                     for r in 0..R {
                         let ap = a[r].qs.as_ptr().add(256 * b + 16 * g) as *const i32;
-                        let mut dot = V::zero();
-                        for (k, w) in w.iter().enumerate() {
-                            dot = dot.dot4(*w, ap.add(k).read_unaligned());
-                        }
-                        isum[r] = isum[r].add(dot.mul(s));
+                        // The run of `w[ks]`, scaled.
+                        let scaled_run = |ks: core::ops::Range<usize>| {
+                            let mut run = V::zero();
+                            for k in ks {
+                                run = run.run_dot4(w[k], ap.add(k).read_unaligned());
+                            }
+                            run.run_times(s)
+                        };
+                        // Narrow runs of two: |sum| ≤ 2 · 2 · 63 · 127 = 32,004 fits i16.
+                        let scaled =
+                            if V::NARROW_RUNS { scaled_run(0..2).add(scaled_run(2..4)) } else { scaled_run(0..4) };
+                        isum[r] = isum[r].add(scaled);
                     }
                 }
             }
@@ -689,7 +778,7 @@ unsafe fn q32_tile<V: Lanes, const R: usize, const Q5: bool>(
         let (m4, m10) = (V::splat8(0x0F), V::splat8(0x10));
         for b in 0..nb {
             let t = stripe.as_ptr().add(b * tb);
-            prefetch_ahead(t, tb);
+            prefetch_ahead(t, tb, 0, 1);
             // The block's weights as eight lines: line k holds weights 4k ..+4 of every row.
             let mut w = [V::zero(); 8];
             if Q5 {
@@ -716,18 +805,20 @@ unsafe fn q32_tile<V: Lanes, const R: usize, const Q5: bool>(
             let d = V::f16s(t);
             for r in 0..R {
                 let ap = a[r].qs.as_ptr().add(32 * b) as *const i32;
-                // Two dependency chains per row.
+                // Two dependency chains per row; Q5_0's are runs of four: |sum| ≤ 4 · 2 · 31 · 127
+                // = 31,496 fits i16.
                 let (mut lo, mut hi) = (V::zero(), V::zero());
                 for k in 0..4 {
                     let (qa_lo, qa_hi) = (ap.add(k).read_unaligned(), ap.add(4 + k).read_unaligned());
                     if Q5 {
-                        lo = lo.dot4(w[k], qa_lo);
-                        hi = hi.dot4(w[4 + k], qa_hi);
+                        lo = lo.run_dot4(w[k], qa_lo);
+                        hi = hi.run_dot4(w[4 + k], qa_hi);
                     } else {
                         lo = lo.dot4_i8(w[k], qa_lo);
                         hi = hi.dot4_i8(w[4 + k], qa_hi);
                     }
                 }
+                let (lo, hi) = if Q5 { (lo.run_sum(), hi.run_sum()) } else { (lo, hi) };
                 let isum = lo.add(hi).sub(V::splat32(offset * a[r].sums[b]));
                 let v = V::fmul(V::fmul(d, V::fsplat(a[r].scales[b])), isum.to_f());
                 acc[r][b % LANES] = V::fadd(acc[r][b % LANES], v);

@@ -196,6 +196,41 @@ fn random_blocks_with_extreme_values_keep_the_paths_identical() {
     }
 }
 
+#[test]
+fn saturated_blocks_keep_the_paths_identical() {
+    // Every weight at its largest magnitude (all bits set; Q8_0 at −128, Q6_K's scales at −128)
+    // against activations that all quantize to ±127: the largest partial sums any kernel holds,
+    // which the AVX2 path keeps in 16-bit halves for a few products at a time.
+    for format in Format::ALL {
+        let (rows, cols) = (20, 512);
+        let fill = if format == Format::Q8_0 { 0x80 } else { 0xFF };
+        let mut data = vec![fill; rows * format.row_bytes(cols).unwrap()];
+        let (scales_at, i8_scales): (&[usize], &[usize]) = match format {
+            Format::Q4K => (&[0, 2], &[]),
+            Format::Q6K => (&[208], &[192, 208]),
+            _ => (&[0], &[]),
+        };
+        for blk in data.chunks_exact_mut(format.block_bytes()) {
+            if let [from, to] = i8_scales {
+                blk[*from..*to].fill(0x80);
+            }
+            for &at in scales_at {
+                blk[at..at + 2].copy_from_slice(&half_bits(0.001).to_le_bytes());
+            }
+        }
+        let w = QMatrix::new(format, rows, cols, data).unwrap();
+        for m in [1, 2, 3, 8] {
+            let x: Vec<f32> = (0..m * cols).map(|i| if (i / cols) % 2 == 0 { 1.0 } else { -1.0 }).collect();
+            let portable = matmul_with(Isa::Portable, &[&w], &x, m).unwrap();
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                let got = matmul_with(isa, &[&w], &x, m).unwrap();
+                let same = got[0].iter().zip(&portable[0]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{format:?} {isa:?} m={m}");
+            }
+        }
+    }
+}
+
 fn half_bits(v: f32) -> u16 {
     // f32 → f16 (round toward zero; the value only needs to be some finite scale).
     let b = v.to_bits();
