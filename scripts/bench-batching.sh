@@ -7,6 +7,8 @@
 # Usage: scripts/bench-batching.sh [out-dir]
 #   CONCURRENCY=8 MAX_TOKENS=256 K=4 MODE=sd FIRST_LINE=2000 CONFIGS="on off" BATCH_WINDOW_MS=2
 #   PIPELINE=true|false (default: the coordinator's, pipelined)   THREADS=0 (kernel threads per worker, 0 = all)
+#   SPEC_OFF_AT=0 (the coordinator's --speculation-off-at: greedy sd runs the target alone while that many sessions
+#   share the verifier; 0 = always speculate)
 #   DRAFT_MODEL=draft TARGET_MODEL=target (the default pair, or GGUF paths, e.g. from `easd models tiny --dir D`)
 #   BIN_DIR=target/release (easd, easd-draft, easd-verifier, easd-coordinator)   DATA=../shared/data/gsm8k/train.jsonl
 set -euo pipefail
@@ -20,6 +22,7 @@ mode=${MODE:-sd}
 first_line=${FIRST_LINE:-2000}
 configs=${CONFIGS:-on off}
 window=${BATCH_WINDOW_MS:-2}
+spec_off_at=${SPEC_OFF_AT:-0}
 threads=${THREADS:-0}
 draft_model=${DRAFT_MODEL:-draft}
 target_model=${TARGET_MODEL:-target}
@@ -52,10 +55,10 @@ for config in $configs; do
   wait_healthy "http://127.0.0.1:$dp"
   wait_healthy "http://127.0.0.1:$vp"
   RUST_LOG=warn "$bin/easd-coordinator" --listen "127.0.0.1:$cp" --draft "http://127.0.0.1:$dp" \
-    --verifier "http://127.0.0.1:$vp" --tokenizer "$target_model" >"$out/coordinator-$config.log" 2>&1 &
+    --verifier "http://127.0.0.1:$vp" --tokenizer "$target_model" --speculation-off-at "$spec_off_at" >"$out/coordinator-$config.log" 2>&1 &
   coordinator=$!; pids+=("$coordinator")
   wait_healthy "http://127.0.0.1:$cp"
-  echo "== batching $config"
+  echo "== batching $config, speculation off at $spec_off_at sessions (0: never)"
   "$bin/easd" bench sessions --coordinator "http://127.0.0.1:$cp" --concurrency "$concurrency" --data "$data" \
     --first-line "$first_line" --mode "$mode" -k "$k" --max-tokens "$max_tokens" "${pipeline_flag[@]}" \
     --pid "draft=$draft" --pid "verifier=$verifier" --pid "coordinator=$coordinator" --json "$out/batching-$config.json" \
