@@ -65,6 +65,7 @@ trait Lanes: Copy {
     /// pairwise sums in i16 halves (one instruction less per `dot4`; the call sites bound the sum),
     /// AVX-512 is `dot4`. Starts from `zero()`.
     unsafe fn run_dot4(self, w: Self, a: i32) -> Self;
+    /// Two runs as one (the call site's bound covers both).
     unsafe fn run_add(self, o: Self) -> Self;
     /// A run's sum as i32 lanes.
     unsafe fn run_sum(self) -> Self;
