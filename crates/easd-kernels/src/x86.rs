@@ -47,9 +47,6 @@ trait Lanes: Copy {
     unsafe fn shr16_1(self) -> Self;
     unsafe fn shr16_2(self) -> Self;
     unsafe fn shr16_4(self) -> Self;
-    /// `self + Σ` of each lane's four u8 of `w` times the four i8 of `a` (exact, no saturation
-    /// for our value ranges).
-    unsafe fn dot4(self, w: Self, a: i32) -> Self;
     /// A Q8_0 line as held (each weight q as u8 q + 128) made the weight operand of `dot4_i8`.
     unsafe fn i8_operand(self) -> Self;
     /// `self + Σ` of each lane's four (q + `I8_OFFSET`) of `w` (from `i8_operand`) times the four
@@ -61,9 +58,10 @@ trait Lanes: Copy {
     /// Whether a run of `dot4`s (`run_dot4`) is held in i16 halves, so that each call site must
     /// bound its run's sum by `i16::MAX` (AVX2) rather than only by `i32::MAX` (AVX-512).
     const NARROW_RUNS: bool;
-    /// `dot4` for a run of them summed before one `run_times` / `run_sum`: AVX2 keeps `maddubs`'s
-    /// pairwise sums in i16 halves (one instruction less per `dot4`; the call sites bound the sum),
-    /// AVX-512 is `dot4`. Starts from `zero()`.
+    /// A `dot4`: `self + Σ` of each lane's four u8 of `w` times the four i8 of `a`, exact within
+    /// the run's bound (see `NARROW_RUNS`), summed until one `run_times` / `run_sum`. AVX2 keeps
+    /// `maddubs`'s pairwise sums in i16 halves; AVX-512 accumulates i32 (`vpdpbusd`). Starts from
+    /// `zero()`.
     unsafe fn run_dot4(self, w: Self, a: i32) -> Self;
     /// Two runs as one (the call site's bound covers both).
     unsafe fn run_add(self, o: Self) -> Self;
@@ -158,18 +156,13 @@ impl Lanes for Zmm {
         unsafe { Zmm(_mm512_srli_epi16::<4>(self.0)) }
     }
     #[inline(always)]
-    unsafe fn dot4(self, w: Self, a: i32) -> Self {
-        // SAFETY: see the impl.
-        unsafe { Zmm(_mm512_dpbusd_epi32(self.0, w.0, _mm512_set1_epi32(a))) }
-    }
-    #[inline(always)]
     unsafe fn i8_operand(self) -> Self {
         self
     }
     #[inline(always)]
     unsafe fn dot4_i8(self, w: Self, a: i32) -> Self {
         // SAFETY: see the impl.
-        unsafe { self.dot4(w, a) }
+        unsafe { self.run_dot4(w, a) }
     }
     #[inline(always)]
     unsafe fn dot2(self, w: Self, a: i32) -> Self {
@@ -180,7 +173,7 @@ impl Lanes for Zmm {
     #[inline(always)]
     unsafe fn run_dot4(self, w: Self, a: i32) -> Self {
         // SAFETY: see the impl.
-        unsafe { self.dot4(w, a) }
+        unsafe { Zmm(_mm512_dpbusd_epi32(self.0, w.0, _mm512_set1_epi32(a))) }
     }
     #[inline(always)]
     unsafe fn run_add(self, o: Self) -> Self {
@@ -362,15 +355,6 @@ impl Lanes for Ymm2 {
         unsafe { self.map(|a| _mm256_srli_epi16::<4>(a)) }
     }
     #[inline(always)]
-    unsafe fn dot4(self, w: Self, a: i32) -> Self {
-        // SAFETY: see the impl.
-        unsafe {
-            // u8 × i8 pairs stay inside i16 (≤ 2·63·127), so `maddubs` does not saturate.
-            let (a, ones) = (_mm256_set1_epi32(a), _mm256_set1_epi16(1));
-            self.zip(w, |acc, w| _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones)))
-        }
-    }
-    #[inline(always)]
     unsafe fn i8_operand(self) -> Self {
         // SAFETY: see the impl.
         unsafe { self.map(|w| _mm256_xor_si256(w, _mm256_set1_epi8(-128))) }
@@ -400,6 +384,7 @@ impl Lanes for Ymm2 {
     unsafe fn run_dot4(self, w: Self, a: i32) -> Self {
         // SAFETY: see the impl.
         unsafe {
+            // u8 × i8 pairs stay inside i16 (≤ 2·63·127), so `maddubs` does not saturate.
             let a = _mm256_set1_epi32(a);
             self.zip(w, |acc, w| _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, a)))
         }
