@@ -11,6 +11,8 @@
 #   GSM8K_DELAYS="1"        one-way delays for the GSM8K prompts (lines GSM8K_LINES of the train split)
 #   GSM8K_LINES="2000,2004" MAX_TOKENS=256 K=4 MAX_BLOCK=8 MODES="target sd-seq sd-fixed sd-pipe easd-pipe"
 #   BIN_DIR=target/release  (easd, easd-draft, easd-verifier, easd-coordinator)
+#   DRAFT_HEAD_VOCAB=0      the draft scores only N ids and the special tokens (0: the whole vocabulary): the first
+#                           N of DRAFT_HEAD_RANKING (a file of ids, most frequent first), else the lowest ids
 #   DATA=../shared/data/gsm8k/train.jsonl   ASK_TIMEOUT_S=600 (each request; the script always ends)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,8 @@ max_block=${MAX_BLOCK:-8}
 modes=${MODES:-target sd-seq sd-fixed sd-pipe easd-pipe}
 data=${DATA:-../shared/data/gsm8k/train.jsonl}
 ask_timeout=${ASK_TIMEOUT_S:-600}
+draft_head=(--head-vocab "${DRAFT_HEAD_VOCAB:-0}")
+[ -n "${DRAFT_HEAD_RANKING:-}" ] && draft_head+=(--head-ranking "$DRAFT_HEAD_RANKING")
 log=$(mktemp -d /tmp/easd-two-hosts.XXXXXX)
 pencil='A shop sells pencils at $3 each. Emma buys 14 pencils and pays with a $50 bill. How much change does she get?'
 
@@ -41,7 +45,8 @@ source scripts/bench-procs.sh
 # The two "hosts": one core and one thread each.
 one_thread=(env EASD_THREADS=1 CANDLE_NUM_THREADS=1 RAYON_NUM_THREADS=1 OMP_NUM_THREADS=1 RUST_LOG=warn)
 dp=$(port); vp=$(port)
-taskset -c 0 "${one_thread[@]}" "$bin/easd-draft" --listen "127.0.0.1:$dp" --model draft >"$log/draft.log" 2>&1 &
+taskset -c 0 "${one_thread[@]}" "$bin/easd-draft" --listen "127.0.0.1:$dp" --model draft \
+  "${draft_head[@]}" >"$log/draft.log" 2>&1 &
 pids+=($!)
 taskset -c 1 "${one_thread[@]}" "$bin/easd-verifier" --listen "127.0.0.1:$vp" --model target >"$log/verifier.log" 2>&1 &
 pids+=($!)

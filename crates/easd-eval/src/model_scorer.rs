@@ -110,7 +110,7 @@ mod tests {
     fn tiny(dir: &Path, name: &str, spec: &TinySpec) -> ModelScorer {
         let path = dir.join(name);
         write_tiny_gguf(&path, spec).unwrap();
-        let options = LoadOptions { device: Device::Cpu, requantize: true, warmup: false };
+        let options = LoadOptions { device: Device::Cpu, requantize: true, warmup: false, head_vocab: None };
         ModelScorer::load(&path, &options).unwrap()
     }
 

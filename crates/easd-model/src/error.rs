@@ -64,6 +64,8 @@ pub enum Error {
         #[source]
         source: Box<hf_hub::api::sync::ApiError>,
     },
+    #[error("head ranking {}: {reason}", path.display())]
+    InvalidHeadRanking { path: PathBuf, reason: String },
     #[error("checksum mismatch for {}: expected sha256 {expected}, got {actual}", path.display())]
     Checksum { path: PathBuf, expected: String, actual: String },
     #[error(transparent)]

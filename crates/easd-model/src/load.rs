@@ -9,6 +9,7 @@
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::head::HeadVocab;
 use crate::layers::{Attention, Block, Embedding, Linear, Mlp, RmsNorm, Weight};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -31,6 +32,8 @@ pub(crate) struct Weights {
     pub norm: RmsNorm,
     pub lm_head: Linear,
     pub vocab_size: usize,
+    /// The ids the head scores, when it scores only some ([`HeadVocab`]); on the CPU `lm_head` has one row per id.
+    pub head_ids: Option<Vec<u32>>,
     pub stats: LoadStats,
 }
 
@@ -76,6 +79,12 @@ impl Loader<'_> {
     /// format (or for Q5_0 with `requantize`).
     fn kernel_matrix(&mut self, t: QTensor) -> Result<QMatrix> {
         let (rows, cols) = t.shape().dims2()?;
+        let (format, data) = self.kernel_blocks(t)?;
+        self.held(QMatrix::new(format, rows, cols, data)?)
+    }
+
+    /// The raw GGUF blocks of a CPU tensor in a format the kernels run (see `kernel_matrix`).
+    fn kernel_blocks(&mut self, t: QTensor) -> Result<(Format, Vec<u8>)> {
         let native = match t.dtype() {
             GgmlDType::Q4K => Some(Format::Q4K),
             GgmlDType::Q6K => Some(Format::Q6K),
@@ -92,9 +101,24 @@ impl Loader<'_> {
                 (Format::Q8_0, QTensor::quantize(&dense, GgmlDType::Q8_0)?)
             }
         };
-        let m = QMatrix::new(format, rows, cols, t.data()?.into_owned())?;
+        Ok((format, t.data()?.into_owned()))
+    }
+
+    fn held(&mut self, m: QMatrix) -> Result<QMatrix> {
         self.stats.kernel_bytes += m.bytes();
         Ok(m)
+    }
+
+    /// The kernels' matrix of only the rows `ids` (ascending) of a CPU tensor: a pruned vocabulary head.
+    fn kernel_matrix_rows(&mut self, t: QTensor, ids: &[u32]) -> Result<QMatrix> {
+        let cols = t.shape().dims2()?.1;
+        let (format, data) = self.kernel_blocks(t)?;
+        let row_bytes = format.row_bytes(cols)?;
+        let mut kept = Vec::with_capacity(ids.len() * row_bytes);
+        for &id in ids {
+            kept.extend_from_slice(&data[id as usize * row_bytes..][..row_bytes]);
+        }
+        self.held(QMatrix::new(format, ids.len(), cols, kept)?)
     }
 
     fn matmul(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
@@ -126,11 +150,14 @@ pub(crate) fn load_weights(
     cfg: &ModelConfig,
     device: &Device,
     requantize: bool,
+    head: (Option<&HeadVocab>, &[u32]),
 ) -> Result<Weights> {
     let vocab_size = match file.content.tensor_infos.get("token_embd.weight") {
         Some(info) => info.shape.dims().first().copied().unwrap_or(0),
         None => return Err(Error::MissingTensor("token_embd.weight".into())),
     };
+    // Only the CPU kernels run a pruned head; on other devices the whole head runs and the model masks the rest.
+    let head_ids = head.0.map(|h| h.ids(vocab_size, head.1)).filter(|ids| ids.len() < vocab_size);
     let mut l = Loader { file, device, requantize, stats: LoadStats::default() };
     let h = cfg.hidden_size;
     let hd = cfg.head_dim;
@@ -171,14 +198,17 @@ pub(crate) fn load_weights(
     }
     let norm = RmsNorm::new(l.dense("output_norm.weight", h)?, cfg.rms_eps as f32)?;
     // Tied embeddings (qwen2 small models): no `output.weight`, the embedding doubles as head.
-    let lm_head = if tied {
-        let weight = match &embed {
-            Embedding::Kernel(m) => Weight::Kernel(m.clone()),
-            Embedding::Candle(t) => Weight::Candle(QMatMul::from_arc(t.clone())?),
-        };
-        Linear { weight, bias: None, bias_host: None }
-    } else {
-        l.matmul("output.weight", vocab_size, h)?
+    let lm_head = match (&head_ids, tied, &embed) {
+        (Some(ids), _, Embedding::Kernel(_)) => {
+            let name = if tied { "token_embd.weight" } else { "output.weight" };
+            let t = l.qtensor(name, &[vocab_size, h])?;
+            Linear { weight: Weight::Kernel(Arc::new(l.kernel_matrix_rows(t, ids)?)), bias: None, bias_host: None }
+        }
+        (_, true, Embedding::Kernel(m)) => Linear { weight: Weight::Kernel(m.clone()), bias: None, bias_host: None },
+        (_, true, Embedding::Candle(t)) => {
+            Linear { weight: Weight::Candle(QMatMul::from_arc(t.clone())?), bias: None, bias_host: None }
+        }
+        (_, false, _) => l.matmul("output.weight", vocab_size, h)?,
     };
-    Ok(Weights { embed, blocks, norm, lm_head, vocab_size, stats: l.stats })
+    Ok(Weights { embed, blocks, norm, lm_head, vocab_size, head_ids, stats: l.stats })
 }

@@ -7,6 +7,7 @@
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::head::HeadVocab;
 use crate::kv_cache::KvCache;
 use crate::layers::{Block, Embedding, Linear, RmsNorm, Segment, causal_mask, project_host};
 use crate::load::{LoadStats, load_weights};
@@ -26,11 +27,14 @@ pub struct LoadOptions {
     pub requantize: bool,
     /// Run a short forward at load so kernels repack their weights before the first request.
     pub warmup: bool,
+    /// For a draft: score only some ids and leave every other logit at −∞ ([`HeadVocab`]; `None`: the whole
+    /// vocabulary).
+    pub head_vocab: Option<HeadVocab>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { device: Device::Cpu, requantize: false, warmup: true }
+        Self { device: Device::Cpu, requantize: false, warmup: true, head_vocab: None }
     }
 }
 
@@ -43,6 +47,8 @@ pub struct ModelInfo {
     pub context_length: usize,
     /// Rows of the embedding = width of each logits row (may exceed the tokenizer's vocabulary).
     pub vocab_size: usize,
+    /// Ids the vocabulary head scores (`vocab_size` unless [`LoadOptions::head_vocab`] pruned it).
+    pub head_rows: usize,
     pub n_layers: usize,
     pub hidden_size: usize,
     pub file_bytes: u64,
@@ -68,6 +74,8 @@ pub struct Model {
     blocks: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// The ids `lm_head` scores when it scores only some (CPU: one head row per id); all others are −∞.
+    head_ids: Option<Vec<u32>>,
     rope: Rope,
     device: Device,
     load_stats: LoadStats,
@@ -81,7 +89,10 @@ impl Model {
         let mut file = GgufFile::open(path)?;
         let cfg = ModelConfig::from_gguf(&file.content)?;
         let tokenizer = Tokenizer::from_content(&file.content)?;
-        let weights = load_weights(&mut file, &cfg, &opts.device, opts.requantize)?;
+        let always: Vec<u32> =
+            tokenizer.special_token_ids().iter().chain(tokenizer.stop_token_ids()).copied().collect();
+        let weights =
+            load_weights(&mut file, &cfg, &opts.device, opts.requantize, (opts.head_vocab.as_ref(), &always))?;
         let name = file
             .content
             .metadata
@@ -100,6 +111,7 @@ impl Model {
             architecture: cfg.architecture.clone(),
             context_length: cfg.context_length,
             vocab_size: weights.vocab_size,
+            head_rows: weights.head_ids.as_ref().map_or(weights.vocab_size, Vec::len),
             n_layers: cfg.n_layers,
             hidden_size: cfg.hidden_size,
             file_bytes: file.file_bytes,
@@ -114,6 +126,7 @@ impl Model {
             blocks: weights.blocks,
             norm: weights.norm,
             lm_head: weights.lm_head,
+            head_ids: weights.head_ids,
             rope,
             device: opts.device.clone(),
             load_stats: weights.stats,
@@ -218,7 +231,12 @@ impl Model {
         let x = if n_rows < seq { x.narrow(1, seq - n_rows, n_rows)?.contiguous()? } else { x };
         let x = self.norm.forward(&x)?;
         let logits = self.lm_head.forward(&x)?.squeeze(0)?.to_dtype(DType::F32)?;
-        let data = logits.flatten_all()?.to_vec1::<f32>()?;
+        let mut data = logits.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(ids) = &self.head_ids {
+            // The whole head ran here: keep only what a pruned head scores, as the CPU path does.
+            let vocab = self.info.vocab_size;
+            data = data.chunks(vocab).flat_map(|row| ids.iter().map(|&id| row[id as usize])).collect();
+        }
         Ok(self.logits(data, n_rows))
     }
 
@@ -248,7 +266,7 @@ impl Model {
         easd_kernels::rms_norm_rows(&mut last, &self.norm.host, self.norm.eps);
         let mut data = project_host(&[&self.lm_head], &last, wanted)?.remove(0);
         // Split from the back, so each item's rows are copied once.
-        let vocab = self.info.vocab_size;
+        let vocab = self.info.head_rows;
         let mut out: Vec<Logits> = items
             .iter()
             .rev()
@@ -261,12 +279,25 @@ impl Model {
         Ok(out)
     }
 
-    /// Logits rows with the embedding's padding rows (no tokens) masked.
-    fn logits(&self, mut data: Vec<f32>, n_rows: usize) -> Logits {
+    /// Logits rows from the head's output (`n_rows` rows of `head_rows` scores), spread to full width when the head
+    /// scores only some ids, with the embedding's padding rows (no tokens) masked.
+    fn logits(&self, data: Vec<f32>, n_rows: usize) -> Logits {
+        let vocab = self.info.vocab_size;
+        let mut data = match &self.head_ids {
+            Some(ids) => {
+                let mut full = vec![f32::NEG_INFINITY; n_rows * vocab];
+                for (row, scores) in full.chunks_exact_mut(vocab).zip(data.chunks_exact(ids.len())) {
+                    for (&id, &score) in ids.iter().zip(scores) {
+                        row[id as usize] = score;
+                    }
+                }
+                full
+            }
+            None => data,
+        };
         // Padding rows of the embedding (152k logits vs 151.7k Qwen tokens) are no tokens:
         // mask them so no sampler can pick an id the tokenizer cannot decode.
         let known = self.tokenizer.vocab_size();
-        let vocab = self.info.vocab_size;
         if known < vocab {
             for row in data.chunks_mut(vocab) {
                 row[known..].fill(f32::NEG_INFINITY);
@@ -493,6 +524,48 @@ mod tests {
         assert!(matches!(m.forward_batch(&mut items), Err(Error::TokenOutOfRange { .. })));
         assert_eq!((a.len(), b.len()), (3, 0), "no rollback, no write");
         assert!(m.forward_batch(&mut []).unwrap().is_empty());
+    }
+
+    /// A pruned head scores its ids with bitwise the whole head's logits (the kernels are row-invariant) and masks
+    /// every other id, whether the head is the tied embedding (qwen2) or its own tensor (llama).
+    #[test]
+    fn a_head_of_the_first_ids_scores_them_and_the_special_tokens_bitwise_and_masks_the_rest() {
+        for spec in both() {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("tiny.gguf");
+            write_tiny_gguf(&path, &spec).unwrap();
+            let whole = Model::load(&path, &LoadOptions::default()).unwrap();
+            let pruned =
+                Model::load(&path, &LoadOptions { head_vocab: Some(HeadVocab::first(200)), ..LoadOptions::default() })
+                    .unwrap();
+            let specials = pruned.tokenizer().special_token_ids().to_vec();
+            assert!(specials.len() >= 3 && specials.iter().all(|&id| id >= 200), "{specials:?}");
+            assert_eq!(pruned.info().head_rows, 200 + specials.len());
+            assert_eq!(whole.info().head_rows, whole.info().vocab_size);
+            let tokens = [5u32, 77, 250, 12, 3];
+            let a = whole.forward(&mut whole.new_cache(), &tokens, 0).unwrap();
+            // Two forwards over the pruned head: a block, then one decode row after a rollback.
+            let mut cache = pruned.new_cache();
+            let b = pruned.forward(&mut cache, &tokens, 0).unwrap();
+            let last = pruned.forward(&mut cache, &tokens[4..], 4).unwrap();
+            assert_eq!(b.vocab(), a.vocab());
+            for (i, row) in (0..tokens.len()).map(|i| (i, b.row(i))).chain([(4, last.row(0))]) {
+                for (id, (&x, &y)) in a.row(i).iter().zip(row).enumerate() {
+                    if id < 200 || specials.contains(&(id as u32)) {
+                        assert_eq!(x.to_bits(), y.to_bits(), "{} row {i} id {id}", spec.architecture);
+                    } else {
+                        assert_eq!(y, f32::NEG_INFINITY, "{} row {i} id {id}", spec.architecture);
+                    }
+                }
+            }
+            // A head as wide as the vocabulary is the whole head.
+            let wide = Model::load(
+                &path,
+                &LoadOptions { head_vocab: Some(HeadVocab::first(100_000)), ..LoadOptions::default() },
+            )
+            .unwrap();
+            assert_eq!(wide.info().head_rows, wide.info().vocab_size);
+        }
     }
 
     #[test]

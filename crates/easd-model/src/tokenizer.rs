@@ -38,6 +38,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     token_bytes: Vec<Vec<u8>>,
     stop_ids: Vec<u32>,
+    /// Ids of the literal tokens (control, user-defined, …: `<|im_end|>`), ascending.
+    special_ids: Vec<u32>,
     fingerprint: String,
     chat: Option<minijinja::Environment<'static>>,
     bos_text: String,
@@ -123,6 +125,8 @@ impl Tokenizer {
         }
         stop_ids.sort_unstable();
         stop_ids.dedup();
+        let special_ids: Vec<u32> =
+            types.iter().enumerate().filter(|(_, ty)| is_literal_type(**ty)).map(|(i, _)| i as u32).collect();
 
         let mut h = Sha256::new();
         let pre = meta.opt_string("tokenizer.ggml.pre").unwrap_or("gpt2");
@@ -147,6 +151,7 @@ impl Tokenizer {
             inner,
             token_bytes,
             stop_ids,
+            special_ids,
             fingerprint,
             chat,
             bos_text: text_of(bos),
@@ -221,6 +226,11 @@ impl Tokenizer {
     /// EOS plus the chat end tokens present in the vocabulary, sorted.
     pub fn stop_token_ids(&self) -> &[u32] {
         &self.stop_ids
+    }
+
+    /// Ids of the special (literal) tokens, ascending: the chat markers and stop tokens among them.
+    pub fn special_token_ids(&self) -> &[u32] {
+        &self.special_ids
     }
 
     /// Hex sha256 of vocabulary, token types, merges, special ids and pre-tokenizer: two

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use easd_model::{LoadOptions, Model, TinySpec, Tokenizer, write_tiny_gguf};
+use easd_model::{HeadVocab, LoadOptions, Model, TinySpec, Tokenizer, write_tiny_gguf};
 use easd_proto::v1::{self as pb, coordinator_client::CoordinatorClient, generate_request::Input};
 use easd_server::local::{LocalOptions, LocalStack};
 use easd_server::{ServerError, SessionLimits};
@@ -169,6 +169,31 @@ fn greedy_alone(model: &Model, tokenizer: &Tokenizer, prompt: &str, n: usize) ->
         feed = vec![next];
     }
     out
+}
+
+/// A draft that scores only some ids (a pruned head: the rest are −∞) proposes only those, and greedy `sd` still
+/// emits exactly the target's tokens, those outside the draft's head included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_whose_head_scores_only_some_ids_keeps_greedy_sd_equal_to_target() {
+    let mut models = tiny_models(0);
+    let pruned = LoadOptions { warmup: false, head_vocab: Some(HeadVocab::first(120)), ..LoadOptions::default() };
+    models.draft = Arc::new(Model::load(&models.draft_path, &pruned).unwrap());
+    assert!(models.draft.info().head_rows < models.draft.info().vocab_size);
+    let stack = stack(&models, LocalOptions::default()).await;
+    let prompt = "The quick brown fox";
+    let target = generate(&stack.coordinator_url, request(prompt, pb::Mode::Target, 40)).await.unwrap();
+    let specials = models.tokenizer.special_token_ids();
+    assert!(
+        target.tokens.iter().any(|&t| t >= 120 && !specials.contains(&t)),
+        "the target picks ids the draft cannot propose: {:?}",
+        target.tokens
+    );
+    let draft_alone = greedy_alone(&models.draft, &models.tokenizer, prompt, 40);
+    assert!(draft_alone.iter().all(|&t| t < 120 || specials.contains(&t)), "{draft_alone:?}");
+    let sd = generate(&stack.coordinator_url, request(prompt, pb::Mode::Sd, 40)).await.unwrap();
+    assert_eq!(sd.tokens, target.tokens);
+    assert!(sd.summary.accepted_tokens > 0 && sd.summary.accepted_tokens < sd.summary.drafted_tokens);
+    stack.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

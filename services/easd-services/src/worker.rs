@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use easd_model::{LoadOptions, ModelSources, parse_device, resolve_model};
+use easd_model::{HeadVocab, LoadOptions, ModelSources, parse_device, resolve_model};
 use easd_server::{BatchOptions, SessionLimits, Worker, local::load_model, serve};
 
 use crate::{MetricsArgs, ServerTlsArgs, shutdown_signal};
@@ -24,6 +24,14 @@ pub struct WorkerArgs {
     /// Also convert Q5_0 tensors to Q8_0 at load (more memory; formats without a CPU kernel are always converted).
     #[arg(long)]
     pub requantize: bool,
+    /// Draft only: score only N token ids and the special tokens (0: the whole vocabulary): the first N of
+    /// --head-ranking, else the lowest ids. Answers keep their tokens, only acceptance can change (`draft` mode
+    /// answers use only those ids). A verifier refuses it: its distribution is the one the answer follows.
+    #[arg(long, default_value_t = 0)]
+    pub head_vocab: usize,
+    /// Token ids most frequent first, one file (white space or commas, `#` comments) for --head-vocab.
+    #[arg(long)]
+    pub head_ranking: Option<std::path::PathBuf>,
     /// CPU kernel threads (0 = all cores). When the worker shares cores with other busy
     /// processes, give it its share; one forward runs at a time, using all of them.
     #[arg(long, default_value_t = 0, env = "EASD_THREADS")]
@@ -56,12 +64,19 @@ pub async fn run_worker(role: Role, listen: SocketAddr, model: &str, args: Worke
         Role::Draft => "draft",
         Role::Verifier => "verifier",
     };
+    if role == Role::Verifier && args.head_vocab > 0 {
+        anyhow::bail!("--head-vocab is for the draft: a verifier must score the whole vocabulary");
+    }
     let options = args.tls.options(None)?;
     let metrics = args.metrics.bind().await?;
     let path = resolve_model(model, &ModelSources::from_env(None), false).context("resolving the model")?;
     easd_model::set_threads(args.threads)?;
-    let load =
-        LoadOptions { device: parse_device(&args.device)?, requantize: args.requantize, ..LoadOptions::default() };
+    let load = LoadOptions {
+        device: parse_device(&args.device)?,
+        requantize: args.requantize,
+        warmup: true,
+        head_vocab: HeadVocab::from_flags(args.head_vocab, args.head_ranking.as_deref())?,
+    };
     let model = load_model(&path, &load).await.with_context(|| format!("loading {}", path.display()))?;
     let limits = SessionLimits {
         budget_bytes: args.kv_budget_mib << 20,

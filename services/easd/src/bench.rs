@@ -3,7 +3,8 @@
 
 use anyhow::Context;
 use easd_model::{
-    ChatMessage, LoadOptions, Model, ModelSources, block_agreement, greedy_generate, parse_device, resolve_model,
+    ChatMessage, HeadVocab, LoadOptions, Model, ModelSources, block_agreement, greedy_generate, parse_device,
+    resolve_model,
 };
 use std::path::PathBuf;
 use std::time::Instant;
@@ -38,13 +39,24 @@ pub struct ModelSource {
     /// CPU kernel threads (0 = all cores).
     #[arg(long, default_value_t = 0, env = "EASD_THREADS")]
     pub threads: usize,
+    /// Score only N token ids and the special tokens (0: the whole vocabulary), as a draft may.
+    #[arg(long, default_value_t = 0)]
+    pub head_vocab: usize,
+    /// Token ids most frequent first, for --head-vocab.
+    #[arg(long)]
+    pub head_ranking: Option<PathBuf>,
 }
 
 impl ModelSource {
     fn load(&self) -> anyhow::Result<(Model, f64)> {
         let path = resolve_model(&self.model, &ModelSources::from_env(self.dir.clone()), false)?;
         easd_model::set_threads(self.threads)?;
-        let opts = LoadOptions { device: parse_device(&self.device)?, requantize: self.requantize, warmup: true };
+        let opts = LoadOptions {
+            device: parse_device(&self.device)?,
+            requantize: self.requantize,
+            warmup: true,
+            head_vocab: HeadVocab::from_flags(self.head_vocab, self.head_ranking.as_deref())?,
+        };
         let t = Instant::now();
         let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
         Ok((model, t.elapsed().as_secs_f64()))
@@ -100,12 +112,13 @@ fn bench_model(args: ModelBenchArgs) -> anyhow::Result<()> {
     let info = model.info();
     let rss_loaded = proc_status_kib("VmRSS");
     println!(
-        "model: {} ({}, {} layers, hidden {}, vocab {}, file {:.1} MiB) on {}",
+        "model: {} ({}, {} layers, hidden {}, vocab {} ({} in the head), file {:.1} MiB) on {}",
         info.name,
         info.architecture,
         info.n_layers,
         info.hidden_size,
         info.vocab_size,
+        info.head_rows,
         info.file_bytes as f64 / 1048576.0,
         info.device
     );

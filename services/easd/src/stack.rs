@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use easd_model::{LoadOptions, ModelSources, Tokenizer, context_length_of, parse_device, resolve_model};
+use easd_model::{HeadVocab, LoadOptions, ModelSources, Tokenizer, context_length_of, parse_device, resolve_model};
 use easd_proto::v1 as pb;
 use easd_server::BatchOptions;
 use easd_server::coordinator::request::{PlanContext, RequestDefaults, plan};
@@ -29,6 +29,14 @@ pub struct LocalArgs {
     /// Also convert Q5_0 tensors to Q8_0 at load (more memory; formats without a CPU kernel are always converted).
     #[arg(long)]
     pub requantize: bool,
+    /// The draft scores only N token ids and the special tokens (0: the whole vocabulary): the first N of
+    /// --draft-head-ranking, else the lowest ids. Same tokens out (speculative sampling stays exact); only
+    /// acceptance can change. See docs/BENCHMARKS.md for what it pays.
+    #[arg(long, default_value_t = 0, env = "EASD_DRAFT_HEAD_VOCAB")]
+    pub draft_head_vocab: usize,
+    /// Token ids most frequent first, one file (white space or commas, `#` comments) for --draft-head-vocab.
+    #[arg(long, env = "EASD_DRAFT_HEAD_RANKING")]
+    pub draft_head_ranking: Option<PathBuf>,
     /// CPU kernel threads for the whole process (0 = all cores). With other work on the same
     /// cores, give each process its share (e.g. `--threads 1` beside another busy process).
     #[arg(long, default_value_t = 0, env = "EASD_THREADS")]
@@ -67,7 +75,8 @@ impl LocalArgs {
     /// Loads the resolved models and starts draft, verifier(s) and coordinator.
     pub async fn start_with(&self, files: &ModelFiles, opts: LocalOptions) -> anyhow::Result<LocalStack> {
         easd_model::set_threads(self.threads)?;
-        let load = self.devices.load_options(self.requantize)?;
+        let mut load = self.devices.load_options(self.requantize)?;
+        load.draft.head_vocab = HeadVocab::from_flags(self.draft_head_vocab, self.draft_head_ranking.as_deref())?;
         eprintln!("loading {} and {} …", files.draft.display(), files.target.display());
         let window = Duration::try_from_secs_f64(self.batch_window_ms / 1000.0).map_err(|_| {
             anyhow::anyhow!("--batch-window-ms must be a finite number ≥ 0, got {}", self.batch_window_ms)
