@@ -233,9 +233,17 @@ impl Model {
         let logits = self.lm_head.forward(&x)?.squeeze(0)?.to_dtype(DType::F32)?;
         let mut data = logits.flatten_all()?.to_vec1::<f32>()?;
         if let Some(ids) = &self.head_ids {
-            // The whole head ran here: keep only what a pruned head scores, as the CPU path does.
+            // The whole head ran here: mask what a pruned head does not score, as the CPU path leaves it.
             let vocab = self.info.vocab_size;
-            data = data.chunks(vocab).flat_map(|row| ids.iter().map(|&id| row[id as usize])).collect();
+            let mut kept = vec![false; vocab];
+            for &id in ids {
+                kept[id as usize] = true;
+            }
+            for row in data.chunks_exact_mut(vocab) {
+                for (score, _) in row.iter_mut().zip(&kept).filter(|(_, kept)| !**kept) {
+                    *score = f32::NEG_INFINITY;
+                }
+            }
         }
         Ok(self.logits(data, n_rows))
     }
@@ -272,29 +280,29 @@ impl Model {
             .rev()
             .map(|item| {
                 let mine = data.split_off(data.len() - item.n_rows * vocab);
-                self.logits(mine, item.n_rows)
+                self.logits(self.spread_head(mine, item.n_rows), item.n_rows)
             })
             .collect();
         out.reverse();
         Ok(out)
     }
 
-    /// Logits rows from the head's output (`n_rows` rows of `head_rows` scores), spread to full width when the head
-    /// scores only some ids, with the embedding's padding rows (no tokens) masked.
-    fn logits(&self, data: Vec<f32>, n_rows: usize) -> Logits {
-        let vocab = self.info.vocab_size;
-        let mut data = match &self.head_ids {
-            Some(ids) => {
-                let mut full = vec![f32::NEG_INFINITY; n_rows * vocab];
-                for (row, scores) in full.chunks_exact_mut(vocab).zip(data.chunks_exact(ids.len())) {
-                    for (&id, &score) in ids.iter().zip(scores) {
-                        row[id as usize] = score;
-                    }
-                }
-                full
+    /// The CPU head's output (`n_rows` rows of `head_rows` scores) at full width: when the head scores only some ids,
+    /// each score goes to its id and every other logit is −∞.
+    fn spread_head(&self, data: Vec<f32>, n_rows: usize) -> Vec<f32> {
+        let Some(ids) = &self.head_ids else { return data };
+        let mut full = vec![f32::NEG_INFINITY; n_rows * self.info.vocab_size];
+        for (row, scores) in full.chunks_exact_mut(self.info.vocab_size).zip(data.chunks_exact(ids.len())) {
+            for (&id, &score) in ids.iter().zip(scores) {
+                row[id as usize] = score;
             }
-            None => data,
-        };
+        }
+        full
+    }
+
+    /// Logits from `n_rows` full-width rows, with the embedding's padding rows (no tokens) masked.
+    fn logits(&self, mut data: Vec<f32>, n_rows: usize) -> Logits {
+        let vocab = self.info.vocab_size;
         // Padding rows of the embedding (152k logits vs 151.7k Qwen tokens) are no tokens:
         // mask them so no sampler can pick an id the tokenizer cannot decode.
         let known = self.tokenizer.vocab_size();

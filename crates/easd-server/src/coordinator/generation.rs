@@ -12,14 +12,16 @@
 //! already drafting ahead again. Anything else cancels the pre-draft, and drafting restarts from the corrected
 //! prefix. Same blocks, same verifier calls, same decisions: same tokens; only the timing changes.
 //!
-//! **Flexible blocks** (pipelined greedy requests with `max_k` > `k`): the draft is asked for up to `max_k` tokens
+//! **Flexible blocks** (pipelined greedy `sd` with `max_k` > `k`): the draft is asked for up to `max_k` tokens
 //! ahead, and the next block takes what it made while the verifier was busy — at least `k`, waiting for those if need
 //! be, and past `k` only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft thus fills the
-//! verifier's time instead of idling. And the first block is empty: the verifier's prefill yields the first token
-//! while the draft, after its own prefill, drafts ahead from its guess of that token — the two prefills overlap
-//! instead of following each other. Greedy tokens are the target's argmax whatever the blocks
-//! are (with the batch-invariant runtime, bit for bit), so only the block boundaries and the timing change; sampled
-//! requests keep the sequential loop's blocks, since where a block ends decides which draws a position uses.
+//! verifier's time instead of idling. And a block with nothing drafted ahead — the first one, and the one after a
+//! dropped pre-draft — is empty: the verifier's bonus position yields the next token while the draft drafts ahead from
+//! its guess of it, instead of the verifier idling while the draft drafts from scratch (at the start, the two
+//! prefills overlap). Greedy `sd` tokens are the target's argmax whatever the blocks are (with the batch-invariant
+//! runtime, bit for bit), so only the block boundaries and the timing change. Other requests keep the sequential
+//! loop's blocks: where a block ends decides which draws a sampled position uses, and which positions are bonus
+//! positions — never tested by the EASD rule — in `easd`.
 //!
 //! Observability stays at the edges of the loop: each step runs in a `step` span (accepted, triggers), each worker
 //! call in a client span (`draft.propose`, `verify`) whose context travels in the request's metadata, and the
@@ -83,6 +85,8 @@ enum Ahead {
     /// Anything else: the pre-draft was cancelled (or its result discarded); drafting restarts from the corrected
     /// prefix, and the draft's claim rolls its cache back.
     Dropped { forward_s: f64 },
+    /// No draft replica could serve the pre-draft: the loop goes on in target mode.
+    NoDraft,
 }
 
 pub struct Generation<D, V> {
@@ -94,7 +98,7 @@ pub struct Generation<D, V> {
     prompt_len: usize,
     /// Draft the next block while the verifier scores this one (sd / easd).
     pipeline: bool,
-    /// Flexible blocks (see the module doc): pipelined, greedy, and `plan.max_k` > `plan.k`.
+    /// Flexible blocks (see the module doc): pipelined greedy `sd` with `plan.max_k` > `plan.k`.
     flexible: bool,
     /// The next block, drafted ahead and kept (pipelined loop).
     ahead: Option<Vec<DraftToken>>,
@@ -119,7 +123,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let committed = HashedTokens::from_tokens(&plan.prompt_tokens);
         let mode_name = plan.mode.name();
         let pipeline = pipeline && matches!(plan.mode, Mode::Sd | Mode::Easd(_));
-        let flexible = pipeline && plan.sampling.is_greedy() && plan.max_k > plan.k;
+        let flexible = pipeline && matches!(plan.mode, Mode::Sd) && plan.sampling.is_greedy() && plan.max_k > plan.k;
         Self {
             flexible,
             prompt_len: plan.prompt_tokens.len(),
@@ -275,11 +279,11 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             return self.target_step().await;
         }
         let count = self.plan.k.min(room).max(1);
-        let first = self.generated() == 0;
         let block = match self.ahead.take() {
             Some(block) => block,
-            // The verifier's prefill gives the first token while the draft drafts ahead from its guess of it.
-            None if self.flexible && first => Vec::new(),
+            // Nothing drafted ahead (the first block, or the pre-draft was dropped): the verifier gives the next token
+            // while the draft drafts ahead from its guess of it.
+            None if self.flexible => Vec::new(),
             None => match self.draft.propose(&self.committed, count, None).await? {
                 Some(drafted) => {
                     self.stats.draft_forward_s += drafted.forward_s;
@@ -297,9 +301,9 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             },
         };
         debug_assert!(
-            ((count..=self.grow_to().max(count)).contains(&block.len()) || (block.is_empty() && first))
+            ((count..=self.grow_to().max(count)).contains(&block.len()) || (block.is_empty() && self.flexible))
                 && block.len() <= room,
-            "a block has k tokens (flexible: up to max_k, or none at first) and fits"
+            "a block has k tokens (flexible: none, or k up to max_k) and fits"
         );
         let first_position = self.committed.len() as u64;
         let (greedy, seed) = (self.plan.sampling.is_greedy(), self.plan.seed);
@@ -334,6 +338,15 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             Ahead::Dropped { forward_s } => {
                 self.stats.predrafts_dropped += 1;
                 self.stats.draft_forward_s += forward_s;
+            }
+            Ahead::NoDraft => {
+                // As when a proposal finds no draft: the target finishes alone.
+                self.stats.predrafts_dropped += 1;
+                self.notes.push(format!(
+                    "draft unavailable after {} generated tokens: continued in target mode",
+                    self.generated() + outcome.tokens.len()
+                ));
+                self.plan.mode = Mode::Target;
             }
         }
         self.record_block(&block, &outcome, first_position);
@@ -469,6 +482,9 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
         }
     };
     let outcome = decide(&scored.positions);
+    if matches!(drafted, Some(Ok(None))) {
+        return Ok((scored, outcome, Ahead::NoDraft));
+    }
     let kept_whole = outcome.bonus && outcome.accepted == block.len();
     if !kept_whole {
         let forward_s = match drafted {
@@ -496,7 +512,7 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
             Ahead::Kept(d)
         }
         Ok(Some(d)) => Ahead::Dropped { forward_s: d.forward_s },
-        Ok(None) => Ahead::Dropped { forward_s: 0.0 },
+        Ok(None) => Ahead::NoDraft,
         Err(e) => {
             // The next step drafts again and meets the error there if it persists.
             tracing::warn!(error = %e, "drafting ahead failed; drafting the next block again");
