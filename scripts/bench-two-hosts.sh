@@ -3,13 +3,15 @@
 # each behind a latency-injecting TCP proxy of the project's own (`easd bench proxy`, a per-chunk one-way delay)
 # between it and the coordinator. Greedy, k = 4. For each one-way delay it reports tok/s of: the target alone, sd
 # with the sequential loop, sd pipelined with blocks of k (`sd-fixed`: a coordinator started with --max-block k),
-# sd pipelined with growing blocks (`sd-pipe`: up to MAX_BLOCK, the coordinator's default), easd pipelined — and
-# whether the pipelined runs produced the token ids of sequential sd.
+# sd pipelined with growing blocks (`sd-pipe`: up to MAX_BLOCK, the coordinator's default), easd pipelined (blocks of
+# k) and, when asked for, easd sequential — and whether each pipelined run produced the token ids of the sequential run
+# of its mode.
 #
 # Usage: scripts/bench-two-hosts.sh [out.tsv]
 #   DELAYS="0 1 5"         one-way delays (ms) for the pencil question
 #   GSM8K_DELAYS="1"        one-way delays for the GSM8K prompts (lines GSM8K_LINES of the train split)
 #   GSM8K_LINES="2000,2004" MAX_TOKENS=256 K=4 MAX_BLOCK=8 MODES="target sd-seq sd-fixed sd-pipe easd-pipe"
+#                           (also: easd-seq, run before easd-pipe so that the two are compared)
 #   BIN_DIR=target/release  (easd, easd-draft, easd-verifier, easd-coordinator)
 #   DRAFT_HEAD_VOCAB=0      the draft scores only N ids and the special tokens (0: the whole vocabulary): the first
 #                           N of DRAFT_HEAD_RANKING (a file of ids, most frequent first), else the lowest ids
@@ -62,7 +64,7 @@ ask() { # url mode pipeline question -> json file
     -k "$k" --max-tokens "$max_tokens" --json "$question" >"$file"
 }
 
-printf 'delay_ms\tquestion\tmode\ttokens\twall_s\ttok_s\taccept\tkept\tdropped\tsame_tokens_as_sd_seq\n' >"$out"
+printf 'delay_ms\tquestion\tmode\ttokens\twall_s\ttok_s\taccept\tkept\tdropped\tsame_tokens_as_seq\n' >"$out"
 run_delay() { # delay question-indices…
   local delay=$1; shift
   local pdp pvp cp fp
@@ -87,17 +89,17 @@ run_delay() { # delay question-indices…
     if [ "$qi" = pencil ]; then question=$pencil; name=pencil; else question=${questions[$qi]}; name="gsm8k-$qi"; fi
     for m in $modes; do
       local mode=${m%-*} pipeline=true url="http://127.0.0.1:$cp"
-      [ "$m" = sd-seq ] && pipeline=false
+      case $m in *-seq) pipeline=false ;; esac
       [ "$m" = target ] && mode=target
       [ "$m" = sd-fixed ] && url="http://127.0.0.1:$fp"
       local file="$log/$delay-$name-$m.json"
       ask "$url" "$mode" "$pipeline" "$question" "$file"
-      python3 - "$file" "$log/$delay-$name-sd-seq.json" "$delay" "$name" "$m" >>"$out" <<'PY'
+      python3 - "$file" "$log/$delay-$name-$mode-seq.json" "$delay" "$name" "$m" >>"$out" <<'PY'
 import json, os, sys
 f, ref, delay, name, m = sys.argv[1:]
 a = json.load(open(f))
 same = "-"
-if m != "sd-seq" and m.startswith("sd") and os.path.exists(ref):
+if not m.endswith("-seq") and os.path.exists(ref):
     same = "yes" if json.load(open(ref))["token_ids"] == a["token_ids"] else "NO"
 print(f'{delay}\t{name}\t{m}\t{a["generated_tokens"]}\t{a["wall_s"]:.2f}\t{a["tokens_per_s"]:.2f}\t'
       f'{a["acceptance_rate"]:.3f}\t{a.get("predrafts_kept", 0)}\t{a.get("predrafts_dropped", 0)}\t{same}')
@@ -130,7 +132,7 @@ for r in rows:
     a = agg[(r["delay_ms"], group, r["mode"])]
     a[0] += int(r["tokens"]); a[1] += float(r["wall_s"])
 tps = {key: n / s for key, (n, s) in agg.items() if s > 0}
-modes = ["target", "sd-seq", "sd-fixed", "sd-pipe", "easd-pipe"]
+modes = ["target", "sd-seq", "sd-fixed", "sd-pipe", "easd-seq", "easd-pipe"]
 print("\ndelay  group   " + "  ".join(f"{m:>9}" for m in modes) + "  fixed/seq   pipe/seq    easd/sd")
 for delay, group in sorted({(d, g) for d, g, _ in tps}, key=lambda x: (x[1], float(x[0]))):
     v = {m: tps.get((delay, group, m)) for m in modes}
@@ -138,6 +140,9 @@ for delay, group in sorted({(d, g) for d, g, _ in tps}, key=lambda x: (x[1], flo
     ratio = lambda a, b: f"{a / b:8.2f}x" if a and b else "        -"
     print(f"{delay:>5}  {group:<6}  " + "  ".join(f(v[m]) for m in v)
           + f"  {ratio(v['sd-fixed'], v['sd-seq'])}  {ratio(v['sd-pipe'], v['sd-seq'])}  {ratio(v['easd-pipe'], v['sd-pipe'])}")
-same = [r["same_tokens_as_sd_seq"] for r in rows if r["mode"] in ("sd-fixed", "sd-pipe")]
-print(f"\npipelined sd (both kinds) same token ids as sequential sd: {same.count('yes')}/{len(same)}")
+print()
+for mode, kinds in (("sd", ("sd-fixed", "sd-pipe")), ("easd", ("easd-pipe",))):
+    same = [r["same_tokens_as_seq"] for r in rows if r["mode"] in kinds and r["same_tokens_as_seq"] != "-"]
+    if same:
+        print(f"pipelined {mode} same token ids as sequential {mode}: {same.count('yes')}/{len(same)}")
 PY

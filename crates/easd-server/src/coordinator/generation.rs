@@ -15,10 +15,9 @@
 //! **Flexible blocks** (pipelined greedy `sd` with `max_k` > `k`): the draft is asked for up to `max_k` tokens
 //! ahead, and the next block takes what it made while the verifier was busy — at least `k`, waiting for those if need
 //! be, and past `k` only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft thus fills the
-//! verifier's time instead of idling. And a block with nothing drafted ahead — the first one, and the one after a
-//! dropped pre-draft — is empty: the verifier's bonus position yields the next token while the draft drafts ahead from
-//! its guess of it, instead of the verifier idling while the draft drafts from scratch (at the start, the two
-//! prefills overlap). Greedy `sd` tokens are the target's argmax whatever the blocks are (with the batch-invariant
+//! verifier's time instead of idling. And the first block is empty: the verifier's prefill yields the first token
+//! while the draft, after its own prefill, drafts ahead from its guess of that token — the two prefills overlap
+//! instead of following each other. Greedy `sd` tokens are the target's argmax whatever the blocks are (with the batch-invariant
 //! runtime, bit for bit), so only the block boundaries and the timing change. Other requests keep the sequential
 //! loop's blocks: where a block ends decides which draws a sampled position uses, and which positions are bonus
 //! positions — never tested by the EASD rule — in `easd`.
@@ -279,11 +278,11 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             return self.target_step().await;
         }
         let count = self.plan.k.min(room).max(1);
+        let first = self.generated() == 0;
         let block = match self.ahead.take() {
             Some(block) => block,
-            // Nothing drafted ahead (the first block, or the pre-draft was dropped): the verifier gives the next token
-            // while the draft drafts ahead from its guess of it.
-            None if self.flexible => Vec::new(),
+            // The verifier's prefill gives the first token while the draft drafts ahead from its guess of it.
+            None if self.flexible && first => Vec::new(),
             None => match self.draft.propose(&self.committed, count, None).await? {
                 Some(drafted) => {
                     self.stats.draft_forward_s += drafted.forward_s;
@@ -301,9 +300,9 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             },
         };
         debug_assert!(
-            ((count..=self.grow_to().max(count)).contains(&block.len()) || (block.is_empty() && self.flexible))
+            ((count..=self.grow_to().max(count)).contains(&block.len()) || (block.is_empty() && first))
                 && block.len() <= room,
-            "a block has k tokens (flexible: none, or k up to max_k) and fits"
+            "a block has k tokens (flexible: up to max_k, or none at first) and fits"
         );
         let first_position = self.committed.len() as u64;
         let (greedy, seed) = (self.plan.sampling.is_greedy(), self.plan.seed);

@@ -342,19 +342,6 @@ async fn both(script: &Script) -> (Run, Run) {
     (sequential, pipelined)
 }
 
-/// Whether a pre-draft made during the verification of `block` is usable: the block is accepted whole and the draft's
-/// guess of its bonus is the target's token.
-fn kept_whole(context: &[u32], block: &[u32], disagree: &BTreeSet<usize>) -> bool {
-    let mut context = context.to_vec();
-    for &x in block {
-        if x != target_next(&context) {
-            return false;
-        }
-        context.push(x);
-    }
-    !disagree.contains(&context.len())
-}
-
 fn every(step: usize, from: usize) -> BTreeSet<usize> {
     (from..200).step_by(step).collect()
 }
@@ -491,27 +478,11 @@ async fn a_fast_draft_grows_greedy_blocks_with_what_it_made_while_the_verifier_w
                 _ => None,
             })
             .collect();
-        // The first block is empty: the verifier's prefill gives the first token while the draft drafts ahead. So is
-        // each block after one whose pre-draft was dropped (the verifier gives the next token instead of waiting for a
-        // new block), and never one after a block whose pre-draft could be kept.
+        // The first block is empty: the verifier's prefill gives the first token while the draft drafts ahead.
         assert_eq!(blocks[0], 0, "{blocks:?}");
-        assert!(blocks.iter().all(|&n| n <= 8), "{blocks:?}");
-        let verified: Vec<(&Vec<u32>, &Vec<u32>)> = grown
-            .events
-            .iter()
-            .filter_map(|e| match e {
-                Event::Verify { context, block } => Some((context, block)),
-                _ => None,
-            })
-            .collect();
-        for pair in verified.windows(2) {
-            let ((context, block), (next_context, next_block)) = (pair[0], pair[1]);
-            // Near the end there is no room to draft ahead.
-            if next_context.len() + 1 + 8 < PROMPT.len() + 60 {
-                let kept = kept_whole(context, block, &disagree);
-                assert_eq!(next_block.is_empty(), !kept, "{disagree:?}: {context:?} + {block:?} → {next_block:?}");
-            }
-        }
+        assert!(blocks[1..].iter().all(|&n| (1..=8).contains(&n)), "{blocks:?}");
+        // At most the empty first block's call more.
+        assert!(grown.verifies().len() <= fixed.verifies().len() + 1, "{disagree:?}: {blocks:?}");
         // Past k = 4 a block holds only tokens the draft was sure of (the fakes are unsure at every fifth position).
         for e in &grown.events {
             if let Event::Verify { context, block } = e {
@@ -575,37 +546,6 @@ async fn easd_blocks_do_not_grow() {
     };
     let (sequential, _) = both(&script).await;
     assert!(sequential.summary().easd_triggers > 0, "the scripted entropies make the rule fire");
-}
-
-#[tokio::test(start_paused = true)]
-async fn after_a_dropped_predraft_the_verifier_gives_the_next_token_while_the_draft_drafts_ahead() {
-    // The draft is wrong at position 9, the first of the third block (after the empty first block and one of 4.. 7).
-    // Instead of idling while the draft drafts a block from the corrected prefix, the verifier then scores an empty
-    // block (its bonus is position 10) while the draft drafts ahead from its guess of that token.
-    let script = Script {
-        max_k: 8,
-        disagree: [9].into(),
-        max_tokens: 30,
-        draft_per_token: Duration::from_millis(5),
-        ..Script::default()
-    };
-    let (fixed, grown) = (run(&Script { max_k: 4, ..script.clone() }, true).await, run(&script, true).await);
-    assert_eq!(grown.tokens, target_alone(30));
-    let after_rejection = grown
-        .events
-        .iter()
-        .find_map(|e| match e {
-            Event::Verify { context, block } if context.len() == PROMPT.len() + 7 => Some(block.clone()),
-            _ => None,
-        })
-        .expect("a verify right after the rejected position");
-    assert!(after_rejection.is_empty(), "{:?}", grown.events);
-    assert!(grown.events.contains(&Event::Propose { context_len: 10, count: 9 }), "{:?}", grown.events);
-    // The verifier never idles: one verification after another (the fixed-size loop waits for the first block and
-    // for the one drafted after the rejection).
-    let busy = |r: &Run| script.verify_delay * r.summary().target_forwards;
-    assert_eq!(grown.elapsed, busy(&grown));
-    assert_eq!(fixed.elapsed, busy(&fixed) + 2 * 4 * script.draft_per_token);
 }
 
 #[tokio::test(start_paused = true)]
