@@ -436,11 +436,13 @@ async fn the_pipelined_loop_emits_the_sequential_loops_tokens() {
         (pb::Mode::Sd, 1.0, None, 4),
         (pb::Mode::Sd, 0.7, None, 3),
         (pb::Mode::Easd, 0.0, None, 4),
+        (pb::Mode::Easd, 0.0, Some(eager.clone()), 4),
         (pb::Mode::Easd, 1.0, Some(eager), 4),
     ];
     let mut kept = 0;
     let mut dropped = 0;
     for (mode, temperature, easd, k) in cases {
+        let eager = easd.is_some();
         let req = pb::GenerateRequest {
             temperature: Some(temperature),
             seed: Some(5),
@@ -456,9 +458,10 @@ async fn the_pipelined_loop_emits_the_sequential_loops_tokens() {
         assert_eq!(p.tokens, s.tokens, "{case}");
         assert_eq!(p.text, s.text, "{case}");
         assert!(p.summary.pipelined && !s.summary.pipelined, "{case}");
-        // Greedy pipelined blocks are flexible (an empty first block, then growing with the draft's lead): the
-        // same tokens from other blocks. Sampled ones are the sequential loop's blocks.
-        if temperature > 0.0 {
+        assert!(!eager || s.summary.easd_triggers > 0, "{case}: the thresholds make the rule fire");
+        // Greedy sd's pipelined blocks are flexible (an empty first block, then growing with the draft's lead): the
+        // same tokens from other blocks. Every other request keeps the sequential loop's blocks.
+        if temperature > 0.0 || mode == pb::Mode::Easd {
             assert_eq!(
                 (p.summary.blocks, p.summary.accepted_tokens, p.summary.easd_triggers, p.summary.target_forwards),
                 (s.summary.blocks, s.summary.accepted_tokens, s.summary.easd_triggers, s.summary.target_forwards),

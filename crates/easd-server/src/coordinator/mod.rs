@@ -53,8 +53,8 @@ pub struct CoordinatorConfig {
     /// Draft the next block while the verifier scores this one, for requests that do not say (`pipeline`).
     /// Pays when draft and verifier run on separate machines; the tokens are the same either way.
     pub pipeline: bool,
-    /// How far a pipelined greedy block may grow with what the draft made while the verifier was busy (at least
-    /// the request's k; the tokens are the same either way).
+    /// How far a pipelined greedy sd block may grow with what the draft made while the verifier was busy (at least
+    /// the request's k; the tokens are the same either way; easd and sampled requests keep blocks of k).
     pub max_block: usize,
     /// Live sessions on a verifier replica at which greedy `sd` requests stop drafting and run the target alone
     /// (the same tokens; 0: never). Under a large batch, verifying drafted rows costs more than it saves.
