@@ -436,7 +436,7 @@ async fn the_pipelined_loop_emits_the_sequential_loops_tokens() {
         (pb::Mode::Sd, 1.0, None, 4),
         (pb::Mode::Sd, 0.7, None, 3),
         (pb::Mode::Easd, 0.0, None, 4),
-        (pb::Mode::Easd, 0.0, Some(eager.clone()), 4),
+        (pb::Mode::Easd, 0.0, Some(eager), 4),
         (pb::Mode::Easd, 1.0, Some(eager), 4),
     ];
     let mut kept = 0;

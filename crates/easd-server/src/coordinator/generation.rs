@@ -17,10 +17,10 @@
 //! be, and past `k` only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft thus fills the
 //! verifier's time instead of idling. And the first block is empty: the verifier's prefill yields the first token
 //! while the draft, after its own prefill, drafts ahead from its guess of that token — the two prefills overlap
-//! instead of following each other. Greedy `sd` tokens are the target's argmax whatever the blocks are (with the batch-invariant
-//! runtime, bit for bit), so only the block boundaries and the timing change. Other requests keep the sequential
-//! loop's blocks: where a block ends decides which draws a sampled position uses, and which positions are bonus
-//! positions — never tested by the EASD rule — in `easd`.
+//! instead of following each other. Greedy `sd` tokens are the target's argmax whatever the blocks are (with the
+//! batch-invariant runtime, bit for bit), so only the block boundaries and the timing change. Other requests keep
+//! the sequential loop's blocks: where a block ends decides which draws a sampled position uses, and which positions
+//! are bonus positions — never tested by the EASD rule — in `easd`.
 //!
 //! Observability stays at the edges of the loop: each step runs in a `step` span (accepted, triggers), each worker
 //! call in a client span (`draft.propose`, `verify`) whose context travels in the request's metadata, and the
