@@ -129,8 +129,8 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
         };
     }
     let threads = pool().threads();
-    // Outputs are built transposed (`rows × m`) so that each unit owns one contiguous chunk.
-    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.rows * m]).collect();
+    // Each unit owns, in every activation row's output, the span of its weight rows.
+    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; m * w.rows]).collect();
     let mut units: Vec<Unit<'_>> = Vec::new();
     for (w, out) in ws.iter().zip(outs.iter_mut()) {
         let acts = match w.format.act_format() {
@@ -140,50 +140,38 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
         .expect("quantized above");
         let stripes = w.rows.div_ceil(TILE);
         let per_unit = stripes.div_ceil(4 * threads).clamp(1, (UNIT_BYTES / w.stripe_bytes).max(1));
-        for (u, chunk) in out.chunks_mut(per_unit * TILE * m).enumerate() {
-            units.push((*w, acts, u * per_unit, chunk));
+        let mut spans: Vec<_> = out.chunks_mut(w.rows).map(|row| row.chunks_mut(per_unit * TILE)).collect();
+        for u in 0..stripes.div_ceil(per_unit) {
+            let parts: Vec<&mut [f32]> = spans.iter_mut().map(|s| s.next().expect("one span per unit")).collect();
+            units.push((*w, acts, u * per_unit, parts));
         }
     }
     // Each unit is taken once, by whichever thread gets to its index.
     let units: Vec<Mutex<Option<Unit<'_>>>> = units.into_iter().map(|u| Mutex::new(Some(u))).collect();
     pool().for_each(units.len(), &|i| {
         let unit = units[i].lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((w, acts, first, out)) = unit {
-            run_unit(isa, w, acts, first, out);
+        if let Some((w, acts, first, mut out)) = unit {
+            run_unit(isa, w, acts, first, &mut out);
         }
     });
-    if m > 1 {
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            *out = transpose(out, w.rows, m);
-        }
-    }
     Ok(outs)
 }
 
-/// A work unit: the weight, its quantized activations, its first stripe, and the outputs it owns.
-type Unit<'a> = (&'a QMatrix, &'a QuantizedActs, usize, &'a mut [f32]);
+/// A work unit: the weight, its quantized activations, its first stripe, and the outputs it owns
+/// (one span of weight rows per activation row).
+type Unit<'a> = (&'a QMatrix, &'a QuantizedActs, usize, Vec<&'a mut [f32]>);
 
-fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut dst = vec![0f32; src.len()];
-    for (i, row) in src.chunks_exact(cols).enumerate() {
-        for (j, &v) in row.iter().enumerate() {
-            dst[j * rows + i] = v;
-        }
-    }
-    dst
-}
-
-/// Stripes `first..` (as many as cover the rows `out` holds) against every activation row, tile
-/// of activation rows by tile.
-fn run_unit(isa: Isa, w: &QMatrix, acts: &QuantizedActs, first: usize, out: &mut [f32]) {
+/// Stripes `first..` (as many as cover the weight rows of `out`'s spans) against every activation
+/// row, tile of activation rows by tile; `out[j]` is activation row j's span.
+fn run_unit(isa: Isa, w: &QMatrix, acts: &QuantizedActs, first: usize, out: &mut [&mut [f32]]) {
     let m = acts.rows();
-    let n = out.len() / m;
+    let n = out.first().map_or(0, |o| o.len());
     let stripes = &w.data[first * w.stripe_bytes..(first + n.div_ceil(TILE)) * w.stripe_bytes];
     // Activation rows per kernel call: each unpacked weight line serves up to eight.
     let mut r = 0;
     while r < m {
         let t = (m - r).min(8);
-        let dst = &mut out[r..];
+        let dst = &mut out[r..r + t];
         match t {
             1 => tile::<1>(isa, w, stripes, n, acts, r, dst),
             2 => tile::<2>(isa, w, stripes, n, acts, r, dst),
@@ -199,7 +187,7 @@ fn run_unit(isa: Isa, w: &QMatrix, acts: &QuantizedActs, first: usize, out: &mut
 }
 
 /// Activation rows `r0..r0 + R` against the `n` weight rows held in `stripes`; (weight row i,
-/// activation row r0 + j) goes to `out[i·m + j]`.
+/// activation row r0 + j) goes to `out[j][i]`.
 fn tile<const R: usize>(
     isa: Isa,
     w: &QMatrix,
@@ -207,23 +195,22 @@ fn tile<const R: usize>(
     n: usize,
     acts: &QuantizedActs,
     r0: usize,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) {
     let a: [ActRow<'_>; R] = std::array::from_fn(|i| acts.row(r0 + i));
-    let m = acts.rows();
     let sb = w.stripe_bytes;
     match isa {
         // SAFETY: `matmul_with` checked that the CPU has the path's features.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { crate::x86::tiles_avx2::<R>(w.format, stripes, sb, n, &a, out, m) },
+        Isa::Avx2 => unsafe { crate::x86::tiles_avx2::<R>(w.format, stripes, sb, n, &a, out) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => unsafe { crate::x86::tiles_vnni::<R>(w.format, stripes, sb, n, &a, out, m) },
+        Isa::Avx512Vnni => unsafe { crate::x86::tiles_vnni::<R>(w.format, stripes, sb, n, &a, out) },
         _ => {
             for (t, stripe) in stripes.chunks_exact(sb).enumerate() {
                 for o in 0..TILE.min(n - TILE * t) {
                     for (j, act) in a.iter().enumerate() {
-                        out[(TILE * t + o) * m + j] = scalar::dot_tile_row(w.format, stripe, o, *act);
+                        out[j][TILE * t + o] = scalar::dot_tile_row(w.format, stripe, o, *act);
                     }
                 }
             }

@@ -527,11 +527,10 @@ pub(crate) unsafe fn tiles_avx2<const R: usize>(
     stripe_bytes: usize,
     n: usize,
     a: &[ActRow<'_>; R],
-    out: &mut [f32],
-    stride: usize,
+    out: &mut [&mut [f32]],
 ) {
     // SAFETY: the features are the caller's contract.
-    unsafe { tiles::<Ymm2, R>(format, stripes, stripe_bytes, n, a, out, stride) }
+    unsafe { tiles::<Ymm2, R>(format, stripes, stripe_bytes, n, a, out) }
 }
 
 /// AVX-512 VNNI path over tiles (see `tiles`). Safety: the CPU must have AVX2, F16C, AVX-512
@@ -543,15 +542,14 @@ pub(crate) unsafe fn tiles_vnni<const R: usize>(
     stripe_bytes: usize,
     n: usize,
     a: &[ActRow<'_>; R],
-    out: &mut [f32],
-    stride: usize,
+    out: &mut [&mut [f32]],
 ) {
     // SAFETY: the features are the caller's contract.
-    unsafe { tiles::<Zmm, R>(format, stripes, stripe_bytes, n, a, out, stride) }
+    unsafe { tiles::<Zmm, R>(format, stripes, stripe_bytes, n, a, out) }
 }
 
 /// The tiles of one format (`stripes`: whole tiles of `stripe_bytes`, covering `n` weight rows)
-/// against `R` activation rows: (weight row i, activation row j) goes to `out[i·stride + j]`.
+/// against `R` activation rows: (weight row i, activation row j) goes to `out[j][i]`.
 #[inline(always)]
 unsafe fn tiles<V: Lanes, const R: usize>(
     format: Format,
@@ -559,13 +557,12 @@ unsafe fn tiles<V: Lanes, const R: usize>(
     stripe_bytes: usize,
     n: usize,
     a: &[ActRow<'_>; R],
-    out: &mut [f32],
-    stride: usize,
+    out: &mut [&mut [f32]],
 ) {
     let nb = stripe_bytes / format.tile_block_bytes();
     assert!(nb * format.tile_block_bytes() == stripe_bytes, "tile stripes");
     assert_eq!(stripes.len(), n.div_ceil(TILE) * stripe_bytes, "stripes cover the rows");
-    assert!(n == 0 || out.len() >= (n - 1) * stride + R, "output too short");
+    assert!(out.len() == R && out.iter().all(|o| o.len() >= n), "output too short");
     let (k, act) = (nb * format.block_len(), format.act_format());
     for row in a {
         assert_eq!(row.qs.len(), k, "activation row length");
@@ -584,9 +581,18 @@ unsafe fn tiles<V: Lanes, const R: usize>(
                 Format::Q5_0 => q32_tile::<V, R, true>(stripe, nb, a),
             }
         };
-        for o in 0..TILE.min(n - TILE * t) {
-            for (r, res) in res.iter().enumerate() {
-                out[(TILE * t + o) * stride + r] = res[o];
+        let len = TILE.min(n - TILE * t);
+        for (o, acc) in out.iter_mut().zip(&res) {
+            let o = &mut o[TILE * t..TILE * t + len];
+            // SAFETY: register arithmetic; the features are the caller's contract.
+            unsafe {
+                if let Ok(whole) = <&mut [f32; TILE]>::try_from(&mut *o) {
+                    finish::<V>(acc, whole);
+                } else {
+                    let mut part = [0f32; TILE];
+                    finish::<V>(acc, &mut part);
+                    o.copy_from_slice(&part[..len]);
+                }
             }
         }
     }
@@ -610,29 +616,25 @@ unsafe fn prefetch_ahead(t: *const u8, bytes: usize, part: usize, parts: usize) 
     }
 }
 
-/// The canonical lane sums of each row's per-block values: block b went to lane b % 8, reduced in
-/// `reduce_lanes`'s tree — lane-wise here, one output per SIMD lane.
+/// The canonical lane sums of one row's per-block values into `out`: block b went to lane b % 8,
+/// reduced in `reduce_lanes`'s tree — lane-wise here, one output per SIMD lane.
 #[inline(always)]
-unsafe fn finish<V: Lanes, const R: usize>(acc: &[[V::F; LANES]; R]) -> [[f32; TILE]; R] {
-    let mut out = [[0f32; TILE]; R];
-    for (o, l) in out.iter_mut().zip(acc) {
-        // SAFETY: register arithmetic; features are the caller's.
-        unsafe {
-            let v = V::fadd(
-                V::fadd(V::fadd(l[0], l[1]), V::fadd(l[2], l[3])),
-                V::fadd(V::fadd(l[4], l[5]), V::fadd(l[6], l[7])),
-            );
-            V::fstore(v, o);
-        }
+unsafe fn finish<V: Lanes>(l: &[V::F; LANES], out: &mut [f32; TILE]) {
+    // SAFETY: register arithmetic; features are the caller's.
+    unsafe {
+        let v = V::fadd(
+            V::fadd(V::fadd(l[0], l[1]), V::fadd(l[2], l[3])),
+            V::fadd(V::fadd(l[4], l[5]), V::fadd(l[6], l[7])),
+        );
+        V::fstore(v, out);
     }
-    out
 }
 
 /// One tile of Q4_K rows against `R` activation rows: per sub-block j, eight `dot4`s per row
 /// (each quad of activations broadcast to the sixteen rows), then `× s_j`; the mins through the
 /// activations' sub-block sums; then `q4k_value`'s float steps, lane-wise.
 #[inline(always)]
-unsafe fn q4k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActRow<'_>; R]) -> [[f32; TILE]; R] {
+unsafe fn q4k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActRow<'_>; R]) -> [[V::F; LANES]; R] {
     // SAFETY: `stripe` holds nb tile blocks of Q4K_TILE_BYTES; rows hold nb·256 values, nb scales,
     // 4·nb sub-block pairs (checked by `tiles`).
     unsafe {
@@ -682,7 +684,7 @@ unsafe fn q4k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActR
                 acc[r][b % LANES] = V::fadd(acc[r][b % LANES], v);
             }
         }
-        finish::<V, R>(&acc)
+        acc
     }
 }
 
@@ -690,7 +692,7 @@ unsafe fn q4k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActR
 /// the unsigned 6-bit values, then `× s_g`; the −32 offset through the activations' group sums;
 /// then `q6k_value`'s float steps, lane-wise.
 #[inline(always)]
-unsafe fn q6k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActRow<'_>; R]) -> [[f32; TILE]; R] {
+unsafe fn q6k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActRow<'_>; R]) -> [[V::F; LANES]; R] {
     let tb = Format::Q6K.tile_block_bytes();
     // SAFETY: as `q4k_tile`, with 8·nb group pairs.
     unsafe {
@@ -741,7 +743,7 @@ unsafe fn q6k_tile<V: Lanes, const R: usize>(stripe: &[u8], nb: usize, a: &[ActR
                 acc[r][b % LANES] = V::fadd(acc[r][b % LANES], v);
             }
         }
-        finish::<V, R>(&acc)
+        acc
     }
 }
 
@@ -754,7 +756,7 @@ unsafe fn q32_tile<V: Lanes, const R: usize, const Q5: bool>(
     stripe: &[u8],
     nb: usize,
     a: &[ActRow<'_>; R],
-) -> [[f32; TILE]; R] {
+) -> [[V::F; LANES]; R] {
     let tb = if Q5 { Format::Q5_0 } else { Format::Q8_0 }.tile_block_bytes();
     let offset = if Q5 { 16 } else { V::I8_OFFSET };
     // SAFETY: `stripe` holds nb tile blocks of `tb` bytes; rows hold nb·32 values, nb scales and
@@ -810,6 +812,6 @@ unsafe fn q32_tile<V: Lanes, const R: usize, const Q5: bool>(
                 acc[r][b % LANES] = V::fadd(acc[r][b % LANES], v);
             }
         }
-        finish::<V, R>(&acc)
+        acc
     }
 }
