@@ -1,9 +1,11 @@
 //! Activation quantization: each row of the input is quantized once per product to 8-bit
 //! blocks with an f32 scale, so every dot product below is an exact integer sum followed by a
 //! few float operations. Plain scalar code: it is O(m·k) against the product's O(m·n·k), and
-//! one implementation for every instruction set keeps the paths bit-identical.
+//! one implementation for every instruction set (compiled per path, see `new_with`) keeps the
+//! paths bit-identical.
 
 use crate::format::ActFormat;
+use crate::isa::Isa;
 
 /// `m` rows of `k` values, quantized for one [`ActFormat`].
 #[derive(Clone, Debug)]
@@ -37,13 +39,23 @@ pub(crate) struct ActRow<'a> {
 impl QuantizedActs {
     /// Quantizes `x` (`rows × cols`, row-major). `cols` must be a multiple of the format's block.
     pub fn new(format: ActFormat, x: &[f32], rows: usize, cols: usize) -> Self {
+        Self::new_with(Isa::active(), format, x, rows, cols)
+    }
+
+    /// [`QuantizedActs::new`] compiled for a chosen path: the same scalar code, which the compiler
+    /// vectorizes with the path's instructions (the baseline x86-64 has no SSE4.1 truncation and
+    /// leaves it mostly scalar). IEEE operations in the same order, so the same bits on every path.
+    pub(crate) fn new_with(isa: Isa, format: ActFormat, x: &[f32], rows: usize, cols: usize) -> Self {
         assert_eq!(x.len(), rows * cols, "activation buffer is not rows × cols");
         let block = format.block_len();
         assert!(cols.is_multiple_of(block), "{cols} columns are not whole {block}-value blocks");
         let mut qs = vec![0i8; rows * cols];
-        let mut scales = Vec::with_capacity(rows * cols / block);
-        for (src, dst) in x.chunks_exact(block).zip(qs.chunks_exact_mut(block)) {
-            scales.push(quantize_block(src, dst));
+        let mut scales = vec![0f32; rows * cols / block];
+        match isa {
+            // SAFETY: the path's features are checked just before.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512Vnni if isa.available() => unsafe { quantize_blocks_avx2(x, &mut qs, &mut scales) },
+            _ => quantize_blocks(x, &mut qs, &mut scales),
         }
         let sums: Vec<i32> = qs.chunks_exact(format.sum_len()).map(|c| c.iter().map(|&q| i32::from(q)).sum()).collect();
         let pair = |lo: i32, hi: i32| u32::from(lo as i16 as u16) | (u32::from(hi as i16 as u16) << 16);
@@ -79,7 +91,24 @@ impl QuantizedActs {
     }
 }
 
+/// [`quantize_blocks`] compiled with AVX2. Safety: the CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_blocks_avx2(x: &[f32], qs: &mut [i8], scales: &mut [f32]) {
+    quantize_blocks(x, qs, scales)
+}
+
+/// Every block of `x` into `qs`, one scale per block into `scales`.
+#[inline(always)]
+fn quantize_blocks(x: &[f32], qs: &mut [i8], scales: &mut [f32]) {
+    let block = x.len() / scales.len();
+    for ((src, dst), scale) in x.chunks_exact(block).zip(qs.chunks_exact_mut(block)).zip(scales) {
+        *scale = quantize_block(src, dst);
+    }
+}
+
 /// Symmetric 8-bit quantization of one block; returns the scale. Non-finite inputs give 0s.
+#[inline(always)]
 fn quantize_block(src: &[f32], dst: &mut [i8]) -> f32 {
     let amax = src.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
     if amax == 0.0 || !amax.is_finite() {
@@ -96,7 +125,7 @@ fn quantize_block(src: &[f32], dst: &mut [i8]) -> f32 {
 /// `x.round() as i32` for |x| < 2³¹ (NaN gives 0), without the libm call `f32::round` makes on
 /// the x86-64 baseline — the call was most of the quantization's time. Exact: the truncation `t`
 /// is exact, and so is `x − t` (a value and its truncation share a binade, or `t` is 0).
-#[inline]
+#[inline(always)]
 fn round_half_away(x: f32) -> i32 {
     let t = x as i32;
     let frac = x - t as f32;
@@ -139,6 +168,17 @@ mod tests {
             assert_eq!(round_half_away(x), x.round() as i32, "{x:e}");
         }
         assert_eq!(round_half_away(f32::NAN), 0);
+    }
+
+    #[test]
+    fn every_path_quantizes_to_the_same_bits() {
+        let x: Vec<f32> = (0..4 * 512).map(|i| ((i * 7919) % 2003) as f32 / 97.0 - 10.0).collect();
+        let portable = QuantizedActs::new_with(Isa::Portable, ActFormat::Q8K, &x, 4, 512);
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            let got = QuantizedActs::new_with(isa, ActFormat::Q8K, &x, 4, 512);
+            assert_eq!(got.qs, portable.qs, "{isa:?}");
+            assert!(got.scales.iter().zip(&portable.scales).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?}");
+        }
     }
 
     #[test]

@@ -124,8 +124,8 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
     let mut q8x32 = None;
     for w in ws {
         match w.format.act_format() {
-            ActFormat::Q8K => q8k.get_or_insert_with(|| QuantizedActs::new(ActFormat::Q8K, x, m, cols)),
-            ActFormat::Q8x32 => q8x32.get_or_insert_with(|| QuantizedActs::new(ActFormat::Q8x32, x, m, cols)),
+            ActFormat::Q8K => q8k.get_or_insert_with(|| QuantizedActs::new_with(isa, ActFormat::Q8K, x, m, cols)),
+            ActFormat::Q8x32 => q8x32.get_or_insert_with(|| QuantizedActs::new_with(isa, ActFormat::Q8x32, x, m, cols)),
         };
     }
     let threads = pool().threads();
