@@ -4,7 +4,6 @@
 //! call or on the cache's capacity.
 
 use std::cell::RefCell;
-use std::sync::Mutex;
 
 use crate::isa::Isa;
 use crate::pool::pool;
@@ -48,10 +47,8 @@ pub fn attention(shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32], scale: 
         head(isa, qrow, &k[base..base + keys * hd], &v[base..base + keys * hd], scale, scores, o);
     };
     // One piece per (position, head), each writing its own output row.
-    let rows: Vec<Mutex<&mut [f32]>> = out.chunks_mut(hd).map(Mutex::new).collect();
-    pool().for_each(rows.len(), &|idx| {
-        let mut o = rows[idx].lock().unwrap_or_else(|e| e.into_inner());
-        SCORES.with_borrow_mut(|scores| one(scores, (idx, &mut o)));
+    pool().for_each_item(out.chunks_mut(hd).collect(), &|idx, o| {
+        SCORES.with_borrow_mut(|scores| one(scores, (idx, o)));
     });
     out
 }

@@ -1,8 +1,6 @@
 //! The decoder's small per-row operations, written once so every row is computed the same way
 //! however many rows a forward holds.
 
-use std::sync::Mutex;
-
 use crate::attention::exp_nonpositive;
 use crate::pool::pool;
 use crate::scalar::{LANES, reduce_lanes};
@@ -29,10 +27,8 @@ const SILU_PIECE: usize = 4096;
 /// alone, so the split changes nothing). Its exp is most of a forward's time outside the products.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul operands");
-    let pieces: Vec<Mutex<&mut [f32]>> = gate.chunks_mut(SILU_PIECE).map(Mutex::new).collect();
-    pool().for_each(pieces.len(), &|i| {
-        let mut piece = pieces[i].lock().unwrap_or_else(|e| e.into_inner());
-        silu_mul_piece(&mut piece, &up[i * SILU_PIECE..]);
+    pool().for_each_item(gate.chunks_mut(SILU_PIECE).collect(), &|i, piece| {
+        silu_mul_piece(piece, &up[i * SILU_PIECE..]);
     });
 }
 

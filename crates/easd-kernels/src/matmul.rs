@@ -4,8 +4,6 @@
 //! row kernel on (weight row, activation row), whose arithmetic does not depend on how many rows
 //! are computed together or on the split — the batch-invariance contract.
 
-use std::sync::Mutex;
-
 use crate::KernelError;
 use crate::act::{ActRow, QuantizedActs};
 use crate::format::{ActFormat, Format, TILE, dequantize_tile_row};
@@ -53,9 +51,7 @@ impl QMatrix {
         let mut held = vec![0u8; rows.div_ceil(TILE) * stripe_bytes];
         let bb = format.block_bytes();
         // Stripes are independent: tiled in parallel (loading the target tiles ~1 GB).
-        let stripes: Vec<Mutex<&mut [u8]>> = held.chunks_mut(stripe_bytes).map(Mutex::new).collect();
-        pool().for_each(stripes.len(), &|s| {
-            let mut stripe = stripes[s].lock().unwrap_or_else(|e| e.into_inner());
+        pool().for_each_item(held.chunks_mut(stripe_bytes).collect(), &|s, stripe| {
             let first = s * TILE;
             for (b, out) in stripe.chunks_exact_mut(format.tile_block_bytes()).enumerate() {
                 let blocks: [Option<&[u8]>; TILE] = std::array::from_fn(|o| {
@@ -65,7 +61,6 @@ impl QMatrix {
                 format.tile_block(&blocks, out);
             }
         });
-        drop(stripes);
         Ok(Self { format, rows, cols, stripe_bytes, data: held })
     }
 
@@ -146,14 +141,7 @@ pub fn matmul_with(isa: Isa, ws: &[&QMatrix], x: &[f32], m: usize) -> Result<Vec
             units.push((*w, acts, u * per_unit, parts));
         }
     }
-    // Each unit is taken once, by whichever thread gets to its index.
-    let units: Vec<Mutex<Option<Unit<'_>>>> = units.into_iter().map(|u| Mutex::new(Some(u))).collect();
-    pool().for_each(units.len(), &|i| {
-        let unit = units[i].lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((w, acts, first, mut out)) = unit {
-            run_unit(isa, w, acts, first, &mut out);
-        }
-    });
+    pool().for_each_item(units, &|_, (w, acts, first, mut out)| run_unit(isa, w, acts, first, &mut out));
     Ok(outs)
 }
 

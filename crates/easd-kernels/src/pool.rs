@@ -122,6 +122,17 @@ impl Pool {
         self.workers + 1
     }
 
+    /// Calls `run(i, item)` once for each of `items` (the `i`-th moved to whichever thread takes
+    /// index `i`): the form for pieces that each own a part of an output (`chunks_mut`).
+    pub(crate) fn for_each_item<T: Send>(&self, items: Vec<T>, run: &(dyn Fn(usize, T) + Sync)) {
+        let slots: Vec<Mutex<Option<T>>> = items.into_iter().map(|item| Mutex::new(Some(item))).collect();
+        self.for_each(slots.len(), &|i| {
+            if let Some(item) = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take() {
+                run(i, item);
+            }
+        });
+    }
+
     /// Calls `run(i)` for every `i < n`, spread over the pool's threads and the caller's; returns
     /// when all are done. A panic in `run` is re-raised here.
     pub(crate) fn for_each(&self, n: usize, run: &(dyn Fn(usize) + Sync)) {
