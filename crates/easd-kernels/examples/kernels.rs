@@ -29,7 +29,7 @@ fn main() {
         let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 2_654_435_761usize) % 1000) as f32 / 1000.0 - 0.5).collect();
         let wt = Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap();
         let q = QTensor::quantize(&wt, dtype).unwrap();
-        let ours = QMatrix::new(format, rows, cols, q.data().unwrap().to_vec()).unwrap();
+        let ours = QMatrix::new(format, rows, cols, &q.data().unwrap()).unwrap();
         let qmm = QMatMul::from_qtensor(q).unwrap();
         for m in [1usize, 8].into_iter().filter(|m| only_m.is_none_or(|o| o == *m)) {
             let x: Vec<f32> = (0..m * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();

@@ -33,9 +33,9 @@ impl std::fmt::Debug for QMatrix {
 }
 
 impl QMatrix {
-    /// Takes the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row) and tiles
-    /// them (see `format.rs`).
-    pub fn new(format: Format, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, KernelError> {
+    /// Tiles the raw GGML blocks of a `rows × cols` tensor (GGUF order: row after row; see
+    /// `format.rs`). Borrowed: a loader can read every tensor into one reused buffer.
+    pub fn new(format: Format, rows: usize, cols: usize, data: &[u8]) -> Result<Self, KernelError> {
         let file_row_bytes = format.row_bytes(cols)?;
         if data.len() != rows * file_row_bytes {
             return Err(KernelError::DataLength {

@@ -40,7 +40,7 @@ fn case(format: Format, rows: usize, cols: usize, seed: u64) -> Case {
     let mut rng = StdRng::seed_from_u64(seed);
     let w = Tensor::from_vec(normal(&mut rng, rows * cols, 0.05), (rows, cols), &Device::Cpu).unwrap();
     let candle = QTensor::quantize(&w, ggml(format)).unwrap();
-    let ours = QMatrix::new(format, rows, cols, candle.data().unwrap().to_vec()).unwrap();
+    let ours = QMatrix::new(format, rows, cols, &candle.data().unwrap()).unwrap();
     let dense = candle.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     Case { ours, candle: std::sync::Arc::new(candle), dense, rows, cols }
 }
@@ -148,8 +148,8 @@ fn weights_sharing_an_input_equal_separate_products() {
 #[test]
 fn bad_shapes_are_errors() {
     use easd_kernels::KernelError;
-    assert!(matches!(QMatrix::new(Format::Q4K, 2, 100, vec![]), Err(KernelError::Columns { .. })));
-    assert!(matches!(QMatrix::new(Format::Q8_0, 2, 64, vec![0; 10]), Err(KernelError::DataLength { .. })));
+    assert!(matches!(QMatrix::new(Format::Q4K, 2, 100, &[]), Err(KernelError::Columns { .. })));
+    assert!(matches!(QMatrix::new(Format::Q8_0, 2, 64, &[0; 10]), Err(KernelError::DataLength { .. })));
     let c = case(Format::Q8_0, 4, 64, 80);
     let d = case(Format::Q8_0, 4, 96, 81);
     assert!(matches!(matmul_with(Isa::Portable, &[&c.ours], &[0.0; 63], 1), Err(KernelError::InputLength { .. })));
@@ -178,7 +178,7 @@ fn random_blocks_with_extreme_values_keep_the_paths_identical() {
                 blk[at..at + 2].copy_from_slice(&h.to_le_bytes());
             }
         }
-        let w = QMatrix::new(format, rows, cols, data).unwrap();
+        let w = QMatrix::new(format, rows, cols, &data).unwrap();
         let x = normal(&mut rng, 2 * cols, 10.0);
         let portable = matmul_with(Isa::Portable, &[&w], &x, 2).unwrap();
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
@@ -218,7 +218,7 @@ fn saturated_blocks_keep_the_paths_identical() {
                 blk[at..at + 2].copy_from_slice(&half_bits(0.001).to_le_bytes());
             }
         }
-        let w = QMatrix::new(format, rows, cols, data).unwrap();
+        let w = QMatrix::new(format, rows, cols, &data).unwrap();
         for m in [1, 2, 3, 8] {
             let x: Vec<f32> = (0..m * cols).map(|i| if (i / cols) % 2 == 0 { 1.0 } else { -1.0 }).collect();
             let portable = matmul_with(Isa::Portable, &[&w], &x, m).unwrap();

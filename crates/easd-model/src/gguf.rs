@@ -5,7 +5,7 @@
 //! truncated download fails at once with the tensor and byte counts, never mid-load.
 
 use crate::error::{Error, Result};
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -47,7 +47,7 @@ impl GgufFile {
                     ),
                 });
             }
-            let bytes = (elems / block * info.ggml_dtype.type_size()) as u64;
+            let bytes = tensor_bytes(info) as u64;
             let end = content.tensor_data_offset + info.offset + bytes;
             if end > file_bytes {
                 return Err(Error::Corrupt {
@@ -65,6 +65,11 @@ impl GgufFile {
     pub fn metadata_only(path: &Path) -> Result<Content> {
         Ok(Self::open(path)?.content)
     }
+}
+
+/// Bytes of a tensor's blocks in the file.
+pub(crate) fn tensor_bytes(info: &TensorInfo) -> usize {
+    info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()
 }
 
 fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {

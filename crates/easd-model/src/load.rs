@@ -8,12 +8,14 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, tensor_bytes};
 use crate::head::HeadVocab;
 use crate::layers::{Attention, Block, Embedding, Linear, Mlp, RmsNorm, Weight};
+use candle_core::quantized::gguf_file::TensorInfo;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 use easd_kernels::{Format, QMatrix};
+use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
 
 /// What the loader did, for logs and the benchmark.
@@ -42,6 +44,9 @@ struct Loader<'a> {
     device: &'a Device,
     requantize: bool,
     stats: LoadStats,
+    /// The file's bytes of the tensor being tiled. One buffer for all of them: reading each tensor into fresh
+    /// memory (and candle's copies of it) made the OS zero and fault in several times the model's size.
+    raw: Vec<u8>,
 }
 
 impl Loader<'_> {
@@ -49,7 +54,8 @@ impl Loader<'_> {
         self.file.content.tensor_infos.contains_key(name)
     }
 
-    fn qtensor(&mut self, name: &str, expected: &[usize]) -> Result<QTensor> {
+    /// The tensor's entry, checked against the shape the architecture expects.
+    fn info(&self, name: &str, expected: &[usize]) -> Result<&TensorInfo> {
         let info = self.file.content.tensor_infos.get(name).ok_or_else(|| Error::MissingTensor(name.to_string()))?;
         if info.shape.dims() != expected {
             return Err(Error::TensorShape {
@@ -58,6 +64,11 @@ impl Loader<'_> {
                 expected: expected.to_vec(),
             });
         }
+        Ok(info)
+    }
+
+    fn qtensor(&mut self, name: &str, expected: &[usize]) -> Result<QTensor> {
+        self.info(name, expected)?;
         let path = self.file.path.clone();
         let corrupt =
             |e: candle_core::Error| Error::Corrupt { path: path.clone(), reason: format!("tensor `{name}`: {e}") };
@@ -67,41 +78,54 @@ impl Loader<'_> {
 
     /// A `rows × cols` weight for the device: the CPU kernels' matrix, or candle's on other devices.
     fn weight(&mut self, name: &str, out: usize, inp: usize) -> Result<Weight> {
-        let t = self.qtensor(name, &[out, inp])?;
         if self.device.is_cpu() {
-            Ok(Weight::Kernel(Arc::new(self.kernel_matrix(t)?)))
+            Ok(Weight::Kernel(Arc::new(self.kernel_matrix(name, out, inp)?)))
         } else {
-            Ok(Weight::Candle(QMatMul::from_qtensor(t)?))
+            Ok(Weight::Candle(QMatMul::from_qtensor(self.qtensor(name, &[out, inp])?)?))
         }
     }
 
-    /// The kernels' copy of a CPU tensor, converted to Q8_0 when they have no kernel for its
-    /// format (or for Q5_0 with `requantize`).
-    fn kernel_matrix(&mut self, t: QTensor) -> Result<QMatrix> {
-        let (rows, cols) = t.shape().dims2()?;
-        let (format, data) = self.kernel_blocks(t)?;
-        self.held(QMatrix::new(format, rows, cols, data)?)
+    /// The kernels' copy of a `rows × cols` CPU tensor (see `with_kernel_blocks`).
+    fn kernel_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<QMatrix> {
+        let m =
+            self.with_kernel_blocks(name, [rows, cols], |format, data| Ok(QMatrix::new(format, rows, cols, data)?))?;
+        self.held(m)
     }
 
-    /// The raw GGUF blocks of a CPU tensor in a format the kernels run (see `kernel_matrix`).
-    fn kernel_blocks(&mut self, t: QTensor) -> Result<(Format, Vec<u8>)> {
-        let native = match t.dtype() {
+    /// Calls `f` with the raw GGUF blocks of a `shape` CPU tensor in a format the kernels run: the file's own bytes
+    /// when they run its format, else the tensor converted to Q8_0 (also Q5_0 with `requantize`).
+    fn with_kernel_blocks<T>(
+        &mut self,
+        name: &str,
+        shape: [usize; 2],
+        f: impl FnOnce(Format, &[u8]) -> Result<T>,
+    ) -> Result<T> {
+        let info = self.info(name, &shape)?;
+        let (dtype, start, len) =
+            (info.ggml_dtype, self.file.content.tensor_data_offset + info.offset, tensor_bytes(info));
+        let native = match dtype {
             GgmlDType::Q4K => Some(Format::Q4K),
             GgmlDType::Q6K => Some(Format::Q6K),
             GgmlDType::Q8_0 => Some(Format::Q8_0),
             GgmlDType::Q5_0 if !self.requantize => Some(Format::Q5_0),
             _ => None,
         };
-        let (format, t) = match native {
-            Some(f) => (f, t),
-            None => {
-                let dense = t.dequantize(&Device::Cpu)?;
-                self.stats.requantized_tensors += 1;
-                self.stats.requantized_elements += dense.elem_count();
-                (Format::Q8_0, QTensor::quantize(&dense, GgmlDType::Q8_0)?)
+        if let Some(format) = native {
+            // `GgufFile::open` checked that the bytes lie inside the file.
+            if self.raw.len() < len {
+                self.raw.resize(len, 0);
             }
-        };
-        Ok((format, t.data()?.into_owned()))
+            let (reader, raw) = (&mut self.file.reader, &mut self.raw[..len]);
+            reader
+                .seek(SeekFrom::Start(start))
+                .and_then(|_| reader.read_exact(raw))
+                .map_err(|e| Error::io(&self.file.path, e))?;
+            return f(format, raw);
+        }
+        let dense = self.qtensor(name, &shape)?.dequantize(&Device::Cpu)?;
+        self.stats.requantized_tensors += 1;
+        self.stats.requantized_elements += dense.elem_count();
+        f(Format::Q8_0, &QTensor::quantize(&dense, GgmlDType::Q8_0)?.data()?)
     }
 
     fn held(&mut self, m: QMatrix) -> Result<QMatrix> {
@@ -109,16 +133,18 @@ impl Loader<'_> {
         Ok(m)
     }
 
-    /// The kernels' matrix of only the rows `ids` (ascending) of a CPU tensor: a pruned vocabulary head.
-    fn kernel_matrix_rows(&mut self, t: QTensor, ids: &[u32]) -> Result<QMatrix> {
-        let cols = t.shape().dims2()?.1;
-        let (format, data) = self.kernel_blocks(t)?;
-        let row_bytes = format.row_bytes(cols)?;
-        let mut kept = Vec::with_capacity(ids.len() * row_bytes);
-        for &id in ids {
-            kept.extend_from_slice(&data[id as usize * row_bytes..][..row_bytes]);
-        }
-        self.held(QMatrix::new(format, ids.len(), cols, kept)?)
+    /// The kernels' matrix of only the rows `ids` (ascending) of a `rows × cols` CPU tensor: a pruned vocabulary
+    /// head.
+    fn kernel_matrix_rows(&mut self, name: &str, rows: usize, cols: usize, ids: &[u32]) -> Result<QMatrix> {
+        let m = self.with_kernel_blocks(name, [rows, cols], |format, data| {
+            let row_bytes = format.row_bytes(cols)?;
+            let mut kept = Vec::with_capacity(ids.len() * row_bytes);
+            for &id in ids {
+                kept.extend_from_slice(&data[id as usize * row_bytes..][..row_bytes]);
+            }
+            Ok(QMatrix::new(format, ids.len(), cols, &kept)?)
+        })?;
+        self.held(m)
     }
 
     fn matmul(&mut self, name: &str, out: usize, inp: usize) -> Result<Linear> {
@@ -158,15 +184,14 @@ pub(crate) fn load_weights(
     };
     // Only the CPU kernels run a pruned head; on other devices the whole head runs and the model masks the rest.
     let head_ids = head.0.map(|h| h.ids(vocab_size, head.1)).filter(|ids| ids.len() < vocab_size);
-    let mut l = Loader { file, device, requantize, stats: LoadStats::default() };
+    let mut l = Loader { file, device, requantize, stats: LoadStats::default(), raw: Vec::new() };
     let h = cfg.hidden_size;
     let hd = cfg.head_dim;
     let tied = !l.has("output.weight");
-    let embed = l.qtensor("token_embd.weight", &[vocab_size, h])?;
     let embed = if device.is_cpu() {
-        Embedding::Kernel(Arc::new(l.kernel_matrix(embed)?))
+        Embedding::Kernel(Arc::new(l.kernel_matrix("token_embd.weight", vocab_size, h)?))
     } else {
-        Embedding::Candle(Arc::new(embed))
+        Embedding::Candle(Arc::new(l.qtensor("token_embd.weight", &[vocab_size, h])?))
     };
     let mut blocks = Vec::with_capacity(cfg.n_layers);
     for i in 0..cfg.n_layers {
@@ -201,8 +226,8 @@ pub(crate) fn load_weights(
     let lm_head = match (&head_ids, tied, &embed) {
         (Some(ids), _, Embedding::Kernel(_)) => {
             let name = if tied { "token_embd.weight" } else { "output.weight" };
-            let t = l.qtensor(name, &[vocab_size, h])?;
-            Linear { weight: Weight::Kernel(Arc::new(l.kernel_matrix_rows(t, ids)?)), bias: None, bias_host: None }
+            let head = l.kernel_matrix_rows(name, vocab_size, h, ids)?;
+            Linear { weight: Weight::Kernel(Arc::new(head)), bias: None, bias_host: None }
         }
         (_, true, Embedding::Kernel(m)) => Linear { weight: Weight::Kernel(m.clone()), bias: None, bias_host: None },
         (_, true, Embedding::Candle(t)) => {
