@@ -3,15 +3,16 @@
 # each behind a latency-injecting TCP proxy of the project's own (`easd bench proxy`, a per-chunk one-way delay)
 # between it and the coordinator. Greedy, k = 4. For each one-way delay it reports tok/s of: the target alone, sd
 # with the sequential loop, sd pipelined with blocks of k (`sd-fixed`: a coordinator started with --max-block k),
-# sd pipelined with growing blocks (`sd-pipe`: up to MAX_BLOCK, the coordinator's default), easd pipelined (blocks of
-# k) and, when asked for, easd sequential — and whether each pipelined run produced the token ids of the sequential run
-# of its mode.
+# sd pipelined with growing blocks (`sd-pipe`: up to MAX_BLOCK, at least the adaptive floor — the coordinator's
+# defaults), easd pipelined (blocks of k) and, when asked for, `sd-grow` (growing blocks of at least k: a coordinator
+# started with --adaptive-blocks false) and easd sequential — and whether each pipelined run produced the token ids
+# of the sequential run of its mode.
 #
 # Usage: scripts/bench-two-hosts.sh [out.tsv]
 #   DELAYS="0 1 5"         one-way delays (ms) for the pencil question
 #   GSM8K_DELAYS="1"        one-way delays for the GSM8K prompts (lines GSM8K_LINES of the train split)
 #   GSM8K_LINES="2000,2004" MAX_TOKENS=256 K=4 MAX_BLOCK=8 MODES="target sd-seq sd-fixed sd-pipe easd-pipe"
-#                           (also: easd-seq, run before easd-pipe so that the two are compared)
+#                           (also: sd-grow, and easd-seq, run before easd-pipe so that the two are compared)
 #   BIN_DIR=target/release  (easd, easd-draft, easd-verifier, easd-coordinator)
 #   DRAFT_HEAD_VOCAB=0      the draft scores only N ids and the special tokens (0: the whole vocabulary): the first
 #                           N of DRAFT_HEAD_RANKING (a file of ids, most frequent first), else the lowest ids
@@ -67,8 +68,8 @@ ask() { # url mode pipeline question -> json file
 printf 'delay_ms\tquestion\tmode\ttokens\twall_s\ttok_s\taccept\tkept\tdropped\tsame_tokens_as_seq\n' >"$out"
 run_delay() { # delay question-indices…
   local delay=$1; shift
-  local pdp pvp cp fp
-  pdp=$(port); pvp=$(port); cp=$(port); fp=$(port)
+  local pdp pvp cp fp gp
+  pdp=$(port); pvp=$(port); cp=$(port); fp=$(port); gp=$(port)
   "$bin/easd" bench proxy --listen "127.0.0.1:$pdp" --upstream "127.0.0.1:$dp" --delay-ms "$delay" --max-seconds 7200 >>"$log/proxy.log" 2>&1 &
   pids+=($!)
   "$bin/easd" bench proxy --listen "127.0.0.1:$pvp" --upstream "127.0.0.1:$vp" --delay-ms "$delay" --max-seconds 7200 >>"$log/proxy.log" 2>&1 &
@@ -82,8 +83,15 @@ run_delay() { # delay question-indices…
     --verifier "http://127.0.0.1:$pvp" --tokenizer target --max-block "$k" >"$log/coordinator-fixed-$delay.log" 2>&1 &
   local fixed=$!
   pids+=($fixed)
+  # And behind one whose growing blocks take at least k (no adaptive floor).
+  RUST_LOG=warn "$bin/easd-coordinator" --listen "127.0.0.1:$gp" --draft "http://127.0.0.1:$pdp" \
+    --verifier "http://127.0.0.1:$pvp" --tokenizer target --max-block "$max_block" --adaptive-blocks false \
+    >"$log/coordinator-grow-$delay.log" 2>&1 &
+  local grow=$!
+  pids+=($grow)
   wait_healthy "http://127.0.0.1:$cp"
   wait_healthy "http://127.0.0.1:$fp"
+  wait_healthy "http://127.0.0.1:$gp"
   for qi in "$@"; do
     local question name
     if [ "$qi" = pencil ]; then question=$pencil; name=pencil; else question=${questions[$qi]}; name="gsm8k-$qi"; fi
@@ -92,6 +100,7 @@ run_delay() { # delay question-indices…
       case $m in *-seq) pipeline=false ;; esac
       [ "$m" = target ] && mode=target
       [ "$m" = sd-fixed ] && url="http://127.0.0.1:$fp"
+      [ "$m" = sd-grow ] && url="http://127.0.0.1:$gp"
       local file="$log/$delay-$name-$m.json"
       ask "$url" "$mode" "$pipeline" "$question" "$file"
       python3 - "$file" "$log/$delay-$name-$mode-seq.json" "$delay" "$name" "$m" >>"$out" <<'PY'
@@ -107,7 +116,7 @@ PY
       tail -n 1 "$out"
     done
   done
-  kill "$coord" "$fixed" 2>/dev/null || true
+  kill "$coord" "$fixed" "$grow" 2>/dev/null || true
 }
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)   logs: $log"
@@ -132,16 +141,17 @@ for r in rows:
     a = agg[(r["delay_ms"], group, r["mode"])]
     a[0] += int(r["tokens"]); a[1] += float(r["wall_s"])
 tps = {key: n / s for key, (n, s) in agg.items() if s > 0}
-modes = ["target", "sd-seq", "sd-fixed", "sd-pipe", "easd-seq", "easd-pipe"]
-print("\ndelay  group   " + "  ".join(f"{m:>9}" for m in modes) + "  fixed/seq   pipe/seq    easd/sd")
+modes = ["target", "sd-seq", "sd-fixed", "sd-grow", "sd-pipe", "easd-seq", "easd-pipe"]
+print("\ndelay  group   " + "  ".join(f"{m:>9}" for m in modes) + "  fixed/seq    grow/seq   pipe/seq    easd/sd")
 for delay, group in sorted({(d, g) for d, g, _ in tps}, key=lambda x: (x[1], float(x[0]))):
     v = {m: tps.get((delay, group, m)) for m in modes}
     f = lambda x: f"{x:9.2f}" if x else "        -"
     ratio = lambda a, b: f"{a / b:8.2f}x" if a and b else "        -"
     print(f"{delay:>5}  {group:<6}  " + "  ".join(f(v[m]) for m in v)
-          + f"  {ratio(v['sd-fixed'], v['sd-seq'])}  {ratio(v['sd-pipe'], v['sd-seq'])}  {ratio(v['easd-pipe'], v['sd-pipe'])}")
+          + f"  {ratio(v['sd-fixed'], v['sd-seq'])}  {ratio(v['sd-grow'], v['sd-seq'])}  {ratio(v['sd-pipe'], v['sd-seq'])}"
+          + f"  {ratio(v['easd-pipe'], v['sd-pipe'])}")
 print()
-for mode, kinds in (("sd", ("sd-fixed", "sd-pipe")), ("easd", ("easd-pipe",))):
+for mode, kinds in (("sd", ("sd-fixed", "sd-grow", "sd-pipe")), ("easd", ("easd-pipe",))):
     same = [r["same_tokens_as_seq"] for r in rows if r["mode"] in kinds and r["same_tokens_as_seq"] != "-"]
     if same:
         print(f"pipelined {mode} same token ids as sequential {mode}: {same.count('yes')}/{len(same)}")

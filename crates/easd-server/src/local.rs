@@ -83,6 +83,7 @@ impl LocalOptions {
             k: self.default_k,
             pipeline: self.pipeline,
             max_block: DEFAULT_MAX_BLOCK,
+            adaptive_blocks: true,
             speculation_off_at: self.speculation_off_at,
         }
     }

@@ -15,7 +15,8 @@
 //! **Flexible blocks** (pipelined greedy `sd` with `max_k` > `k`): the draft is asked for up to `max_k` tokens
 //! ahead, and the next block takes what it made while the verifier was busy — at least `k`, waiting for those if need
 //! be, and past `k` only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft thus fills the
-//! verifier's time instead of idling. And the first block is empty: the verifier's prefill yields the first token
+//! verifier's time instead of idling. The least a block takes is its floor: k, or with adaptive blocks (the default)
+//! the length the session's measured costs favour ([`BlockFloor`]). And the first block is empty: the verifier's prefill yields the first token
 //! while the draft, after its own prefill, drafts ahead from its guess of that token — the two prefills overlap
 //! instead of following each other. Greedy `sd` tokens are the target's argmax whatever the blocks are (with the
 //! batch-invariant runtime, bit for bit), so only the block boundaries and the timing change. Other requests keep
@@ -39,6 +40,7 @@ use tonic::Status;
 use tracing::Instrument;
 use tracing::field::Empty;
 
+use super::block_floor::BlockFloor;
 use super::output::StopFilter;
 use super::request::Plan;
 use super::sides::{Cutoff, DraftSide, Drafted, Scored, VerifierSide};
@@ -99,6 +101,8 @@ pub struct Generation<D, V> {
     pipeline: bool,
     /// Flexible blocks (see the module doc): pipelined greedy `sd` with `plan.max_k` > `plan.k`.
     flexible: bool,
+    /// The adaptive floor of flexible blocks (`plan.adaptive_blocks`); without it the floor is `plan.k`.
+    block_floor: Option<BlockFloor>,
     /// The next block, drafted ahead and kept (pipelined loop).
     ahead: Option<Vec<DraftToken>>,
     notes: Vec<String>,
@@ -123,8 +127,10 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let mode_name = plan.mode.name();
         let pipeline = pipeline && matches!(plan.mode, Mode::Sd | Mode::Easd(_));
         let flexible = pipeline && matches!(plan.mode, Mode::Sd) && plan.sampling.is_greedy() && plan.max_k > plan.k;
+        let block_floor = (flexible && plan.adaptive_blocks).then(|| BlockFloor::new(plan.k));
         Self {
             flexible,
+            block_floor,
             prompt_len: plan.prompt_tokens.len(),
             committed,
             plan,
@@ -144,6 +150,11 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
     /// The most tokens a block drafted ahead may hold: `plan.max_k` with flexible blocks, else `plan.k`.
     fn grow_to(&self) -> usize {
         if self.flexible { self.plan.max_k } else { self.plan.k }
+    }
+
+    /// The fewest drafted tokens the next block takes: the adaptive floor, else `plan.k`.
+    fn least_block(&self) -> usize {
+        self.block_floor.as_ref().map_or(self.plan.k, BlockFloor::floor)
     }
 
     fn generated(&self) -> usize {
@@ -277,7 +288,8 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             self.stats.unspeculated += 1;
             return self.target_step().await;
         }
-        let count = self.plan.k.min(room).max(1);
+        let least = self.least_block();
+        let count = least.min(room).max(1);
         let first = self.generated() == 0;
         let block = match self.ahead.take() {
             Some(block) => block,
@@ -286,6 +298,9 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             None => match self.draft.propose(&self.committed, count, None).await? {
                 Some(drafted) => {
                     self.stats.draft_forward_s += drafted.forward_s;
+                    if let Some(f) = &mut self.block_floor {
+                        f.observe_draft(drafted.tokens.len(), drafted.forward_s);
+                    }
                     drafted.tokens
                 }
                 None => {
@@ -299,8 +314,10 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
                 }
             },
         };
+        // A flexible block's floor may have moved since it was drafted ahead.
+        let fewest = if self.flexible { 1 } else { count };
         debug_assert!(
-            ((count..=self.grow_to().max(count)).contains(&block.len()) || (block.is_empty() && first))
+            ((fewest..=self.grow_to().max(count)).contains(&block.len()) || (block.is_empty() && first))
                 && block.len() <= room,
             "a block has k tokens (flexible: up to max_k, or none at first) and fits"
         );
@@ -309,7 +326,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let decide = |positions: &[TargetPosition]| verify_block(mode, greedy, seed, first_position, &block, positions);
         // Room for another block if this one is kept whole (all accepted + the bonus).
         let after = room.saturating_sub(block.len() + 1);
-        let ahead = self.plan.k.min(after)..=self.grow_to().min(after);
+        let ahead = least.min(after)..=self.grow_to().min(after);
         let (scored, outcome, ahead) = if self.pipeline && *ahead.start() > 0 {
             verify_drafting_ahead(&mut self.draft, &mut self.verifier, &self.committed, &block, ahead, decide).await?
         } else {
@@ -319,18 +336,25 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         };
         self.stats.target_forwards += 1;
         self.stats.target_forward_s += scored.forward_s;
+        if let Some(f) = &mut self.block_floor {
+            f.observe_verify(block.len(), scored.forward_s);
+            f.observe_block(outcome.accepted, outcome.rejection.is_some());
+        }
         match ahead {
             Ahead::NotDrafted => {}
             Ahead::Kept(drafted) => {
                 self.stats.predrafts_kept += 1;
                 self.stats.draft_forward_s += drafted.forward_s;
+                if let Some(f) = &mut self.block_floor {
+                    f.observe_draft(drafted.tokens.len(), drafted.forward_s);
+                }
                 // The first token was the guess of this block's bonus; the rest is the next block.
                 let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(1).collect();
-                // Past k, a block grows only while the draft is sure of its tokens: each unsure token would put the
-                // next pre-draft at risk for little gain.
-                if let Some(extra) = next.get(self.plan.k..) {
+                // Past its floor, a block grows only while the draft is sure of its tokens: each unsure token would
+                // put the next pre-draft at risk for little gain.
+                if let Some(extra) = next.get(least..) {
                     let sure = extra.iter().take_while(|d| d.entropy <= GROW_MAX_ENTROPY).count();
-                    next.truncate(self.plan.k + sure);
+                    next.truncate(least + sure);
                 }
                 self.ahead = Some(next);
             }

@@ -143,6 +143,8 @@ impl DraftSide for FakeDraft {
 
 struct FakeVerifier {
     delay: Duration,
+    /// More delay for each row scored (a block of n has n + 1).
+    per_row: Duration,
     fault: Fault,
     calls: usize,
     events: Log,
@@ -155,7 +157,8 @@ impl VerifierSide for FakeVerifier {
         self.calls += 1;
         let block_tokens: Vec<u32> = block.iter().map(|d| d.token).collect();
         log(&self.events, Event::Verify { context: context.tokens().to_vec(), block: block_tokens.clone() });
-        tokio::time::sleep(self.delay).await;
+        let took = self.delay + self.per_row * (block.len() as u32 + 1);
+        tokio::time::sleep(took).await;
         if matches!(self.fault, Fault::FailCall(n) if self.calls == n) {
             return Err(ServerError::Unavailable("scripted verifier failure".into()));
         }
@@ -184,7 +187,7 @@ impl VerifierSide for FakeVerifier {
                 ctx.push(x);
             }
         }
-        Ok(Scored { positions, forward_s: self.delay.as_secs_f64() })
+        Ok(Scored { positions, forward_s: took.as_secs_f64() })
     }
 
     fn release(&mut self) {
@@ -225,10 +228,13 @@ struct Script {
     k: usize,
     /// How far a pipelined greedy block may grow (the plan's `max_k`).
     max_k: usize,
+    /// The plan's `adaptive_blocks` (the tests of fixed floors leave it off).
+    adaptive_blocks: bool,
     max_tokens: usize,
     stop: Vec<String>,
     draft_per_token: Duration,
     verify_delay: Duration,
+    verify_per_row: Duration,
     draft_fault: Fault,
     verifier_fault: Fault,
     /// Sessions live on the verifier before its call n, and the n (`FakeVerifier::load`).
@@ -244,10 +250,12 @@ impl Default for Script {
             sampling: SamplingParams::greedy(),
             k: 4,
             max_k: 4,
+            adaptive_blocks: false,
             max_tokens: 40,
             stop: vec![],
             draft_per_token: Duration::from_millis(10),
             verify_delay: Duration::from_millis(40),
+            verify_per_row: Duration::ZERO,
             draft_fault: Fault::None,
             verifier_fault: Fault::None,
             verifier_load: (1, 0),
@@ -293,6 +301,7 @@ fn generation(script: &Script, pipeline: bool) -> (Generation<FakeDraft, FakeVer
         logprobs: 0,
         pipeline,
         max_k: script.max_k,
+        adaptive_blocks: script.adaptive_blocks,
         speculation_off_at: script.speculation_off_at,
     };
     let draft = FakeDraft {
@@ -304,6 +313,7 @@ fn generation(script: &Script, pipeline: bool) -> (Generation<FakeDraft, FakeVer
     };
     let verifier = FakeVerifier {
         delay: script.verify_delay,
+        per_row: script.verify_per_row,
         fault: script.verifier_fault,
         calls: 0,
         events: events.clone(),
@@ -470,14 +480,7 @@ async fn a_fast_draft_grows_greedy_blocks_with_what_it_made_while_the_verifier_w
         // Greedy: the target's own tokens, whatever the blocks.
         assert_eq!(grown.tokens, target_alone(60), "disagreeing at {disagree:?}");
         assert_eq!(fixed.tokens, grown.tokens);
-        let blocks: Vec<usize> = grown
-            .events
-            .iter()
-            .filter_map(|e| match e {
-                Event::Verify { block, .. } => Some(block.len()),
-                _ => None,
-            })
-            .collect();
+        let blocks = block_sizes(&grown);
         // The first block is empty: the verifier's prefill gives the first token while the draft drafts ahead.
         assert_eq!(blocks[0], 0, "{blocks:?}");
         assert!(blocks[1..].iter().all(|&n| (1..=8).contains(&n)), "{blocks:?}");
@@ -506,22 +509,65 @@ async fn a_block_waits_for_k_tokens_from_a_slow_draft_and_stops_the_draft_once_i
     let (fixed, grown) = (run(&Script { max_k: 4, ..slow.clone() }, true).await, run(&slow, true).await);
     assert_eq!(grown.tokens, target_alone(30));
     // After the empty first block, blocks of k: the fixed loop's blocks from the second on.
-    let sizes = |r: &Run| -> Vec<usize> {
-        r.events
-            .iter()
-            .filter_map(|e| match e {
-                Event::Verify { block, .. } => Some(block.len()),
-                _ => None,
-            })
-            .collect()
-    };
-    let grown_sizes = sizes(&grown);
+    let grown_sizes = block_sizes(&grown);
     assert_eq!(grown_sizes[0], 0);
     assert!(grown_sizes[1..grown_sizes.len() - 1].iter().all(|&n| n == 4), "{grown_sizes:?}");
     // The first pre-draft (the guess of the first token, then up to 8) starts from the prompt and is stopped at 5.
     assert!(grown.events.contains(&Event::Propose { context_len: 3, count: 9 }), "{:?}", grown.events);
     // A draft this slow bounds the loop: the guess drafted at the start costs its 30 ms (fakes have no prefill).
     assert_eq!(grown.elapsed, fixed.elapsed + Duration::from_millis(30));
+}
+
+/// The drafted tokens of each verified block, in order.
+fn block_sizes(r: &Run) -> Vec<usize> {
+    r.events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Verify { block, .. } => Some(block.len()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_floors_shorten_blocks_where_verifying_rows_is_dear_and_the_draft_often_wrong() {
+    // 20 ms + 20 ms a row to verify, 20 ms a drafted token, a disagreement every third position: a block of four
+    // waits 80 ms for the draft and is seldom kept whole, so shorter blocks commit more tokens a second.
+    let steep = Script {
+        max_k: 8,
+        disagree: every(3, 5),
+        draft_per_token: Duration::from_millis(20),
+        verify_delay: Duration::from_millis(20),
+        verify_per_row: Duration::from_millis(20),
+        max_tokens: 80,
+        ..Script::default()
+    };
+    let (fixed, adaptive) =
+        (run(&steep, true).await, run(&Script { adaptive_blocks: true, ..steep.clone() }, true).await);
+    assert_eq!(adaptive.tokens, target_alone(80));
+    assert_eq!(fixed.tokens, adaptive.tokens);
+    let sizes = block_sizes(&adaptive);
+    assert!(sizes.iter().filter(|&&n| (1..4).contains(&n)).count() > sizes.len() / 2, "{sizes:?}");
+    assert!(adaptive.elapsed < fixed.elapsed, "{:?} vs {:?}", adaptive.elapsed, fixed.elapsed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_floors_keep_blocks_of_k_where_rows_are_cheap_and_the_draft_right() {
+    // A flat verifier, and a draft that always agrees and drafts a block and its guess well within a verify: nothing
+    // to gain from shorter blocks after the one exploring block.
+    let flat = Script {
+        max_k: 8,
+        adaptive_blocks: true,
+        draft_per_token: Duration::from_millis(5),
+        verify_delay: Duration::from_millis(40),
+        verify_per_row: Duration::from_micros(100),
+        max_tokens: 80,
+        ..Script::default()
+    };
+    let run = run(&flat, true).await;
+    assert_eq!(run.tokens, target_alone(80));
+    let sizes = block_sizes(&run);
+    assert!(sizes.iter().filter(|&&n| n < 4).count() <= 2, "{sizes:?}");
 }
 
 #[tokio::test(start_paused = true)]

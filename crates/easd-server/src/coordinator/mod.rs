@@ -4,6 +4,7 @@
 //! Every session is one `session` span (a child of the caller's trace) and ends in one `requests` count; the
 //! metrics are always kept and served only when the binary is asked to (`Coordinator::metrics`).
 
+mod block_floor;
 mod generation;
 pub mod output;
 pub mod pinned;
@@ -56,6 +57,9 @@ pub struct CoordinatorConfig {
     /// How far a pipelined greedy sd block may grow with what the draft made while the verifier was busy (at least
     /// the request's k; the tokens are the same either way; easd and sampled requests keep blocks of k).
     pub max_block: usize,
+    /// A pipelined greedy sd block that may grow waits for only as many drafted tokens (1..=k) as the session's
+    /// measured draft speed, verifier cost and acceptance favour, instead of k. The tokens are the same either way.
+    pub adaptive_blocks: bool,
     /// Live sessions on a verifier replica at which greedy `sd` requests stop drafting and run the target alone
     /// (the same tokens; 0: never). Under a large batch, verifying drafted rows costs more than it saves.
     pub speculation_off_at: usize,
@@ -75,6 +79,7 @@ impl CoordinatorConfig {
             default_k: DEFAULT_BLOCK_SIZE,
             pipeline: true,
             max_block: DEFAULT_MAX_BLOCK,
+            adaptive_blocks: true,
             speculation_off_at: 0,
             pool: PoolConfig::default(),
             startup_timeout: Duration::from_secs(60),
@@ -139,6 +144,7 @@ impl Coordinator {
                 k: config.default_k,
                 pipeline: config.pipeline,
                 max_block: config.max_block,
+                adaptive_blocks: config.adaptive_blocks,
                 speculation_off_at: config.speculation_off_at,
             },
             draft_info: draft_infos[0].clone(),

@@ -34,6 +34,9 @@ pub struct Plan {
     /// to this many tokens (at least `k`). Greedy tokens do not depend on where blocks end; sampled ones do, so
     /// their blocks stay at `k`.
     pub max_k: usize,
+    /// Flexible blocks (`max_k` > `k`) take at least the length the session's measured costs favour (1..=k)
+    /// instead of at least `k`.
+    pub adaptive_blocks: bool,
     /// Greedy `sd` requests: a step runs the target alone, without drafting, while at least this many sessions are
     /// live on the session's verifier replica (0: always speculate). Greedy `sd` emits the target's argmax whatever
     /// the blocks are, so the tokens are the same; other modes and sampled requests always speculate.
@@ -129,6 +132,8 @@ pub struct RequestDefaults {
     pub pipeline: bool,
     /// How far a pipelined greedy block may grow ([`Plan::max_k`]).
     pub max_block: usize,
+    /// Flexible blocks take the length the measured costs favour ([`Plan::adaptive_blocks`]).
+    pub adaptive_blocks: bool,
     /// Live sessions on a verifier at which greedy `sd` stops speculating ([`Plan::speculation_off_at`]).
     pub speculation_off_at: usize,
 }
@@ -144,6 +149,7 @@ impl Default for RequestDefaults {
             k: DEFAULT_BLOCK_SIZE,
             pipeline: true,
             max_block: DEFAULT_MAX_BLOCK,
+            adaptive_blocks: true,
             speculation_off_at: 0,
         }
     }
@@ -313,6 +319,7 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
         logprobs: fields.logprobs,
         pipeline: fields.pipeline,
         max_k,
+        adaptive_blocks: ctx.defaults.adaptive_blocks,
         speculation_off_at: ctx.defaults.speculation_off_at,
     })
 }

@@ -62,6 +62,10 @@ struct Args {
     /// way; easd and sampled requests always keep blocks of k.
     #[arg(long, default_value_t = easd_server::coordinator::request::DEFAULT_MAX_BLOCK)]
     max_block: usize,
+    /// Growing blocks wait for only as many drafted tokens (1 to k) as the session's measured draft speed, verifier
+    /// cost and acceptance favour, instead of always k (`false`: at least k). The tokens are the same either way.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    adaptive_blocks: bool,
     /// Greedy sd requests stop drafting and run the target alone while this many sessions (or more) are live on
     /// their verifier replica: with a large batch, verifying drafted rows costs more than it saves. The tokens are
     /// the same. 0: always speculate.
@@ -122,6 +126,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.default_k = defaults.k;
     config.pipeline = !args.no_pipeline;
     config.max_block = args.max_block;
+    config.adaptive_blocks = args.adaptive_blocks;
     config.speculation_off_at = args.speculation_off_at;
     config.pool = PoolConfig {
         call_timeout: Duration::from_secs_f64(args.call_timeout_s),
