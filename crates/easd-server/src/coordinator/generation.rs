@@ -12,16 +12,16 @@
 //! already drafting ahead again. Anything else cancels the pre-draft, and drafting restarts from the corrected
 //! prefix. Same blocks, same verifier calls, same decisions: same tokens; only the timing changes.
 //!
-//! **Flexible blocks** (pipelined greedy `sd` with `max_k` > `k`): the draft is asked for up to `max_k` tokens
-//! ahead, and the next block takes what it made while the verifier was busy — at least `k`, waiting for those if need
-//! be, and past `k` only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft thus fills the
+//! **Flexible blocks** (pipelined greedy `sd` with `max_k` > `k`): the draft is asked for up to `max_k` tokens ahead,
+//! and the next block takes what it made while the verifier was busy — at least its floor, waiting for those if need
+//! be, and past the floor only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft thus fills the
 //! verifier's time instead of idling. The least a block takes is its floor: k, or with adaptive blocks (the default)
-//! the length the session's measured costs favour ([`BlockFloor`]). And the first block is empty: the verifier's prefill yields the first token
-//! while the draft, after its own prefill, drafts ahead from its guess of that token — the two prefills overlap
-//! instead of following each other. Greedy `sd` tokens are the target's argmax whatever the blocks are (with the
-//! batch-invariant runtime, bit for bit), so only the block boundaries and the timing change. Other requests keep
-//! the sequential loop's blocks: where a block ends decides which draws a sampled position uses, and which positions
-//! are bonus positions — never tested by the EASD rule — in `easd`.
+//! the length the session's measured costs favour ([`BlockFloor`]). And the first block is empty: the verifier's
+//! prefill yields the first token while the draft, after its own prefill, drafts ahead from its guess of that token —
+//! the two prefills overlap instead of following each other. Greedy `sd` tokens are the target's argmax whatever the
+//! blocks are (with the batch-invariant runtime, bit for bit), so only the block boundaries and the timing change.
+//! Other requests keep the sequential loop's blocks: where a block ends decides which draws a sampled position uses,
+//! and which positions are bonus positions — never tested by the EASD rule — in `easd`.
 //!
 //! Observability stays at the edges of the loop: each step runs in a `step` span (accepted, triggers), each worker
 //! call in a client span (`draft.propose`, `verify`) whose context travels in the request's metadata, and the
