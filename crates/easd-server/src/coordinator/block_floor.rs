@@ -66,7 +66,6 @@ pub(crate) struct BlockFloor {
     k: usize,
     draft_s_per_token: Option<f64>,
     verify: LineFit,
-    verifies: u32,
     accepted: f64,
     evaluated: f64,
 }
@@ -74,14 +73,7 @@ pub(crate) struct BlockFloor {
 impl BlockFloor {
     /// Floors in `1..=k`.
     pub(crate) fn new(k: usize) -> Self {
-        Self {
-            k: k.max(1),
-            draft_s_per_token: None,
-            verify: LineFit::default(),
-            verifies: 0,
-            accepted: 0.0,
-            evaluated: 0.0,
-        }
+        Self { k: k.max(1), draft_s_per_token: None, verify: LineFit::default(), accepted: 0.0, evaluated: 0.0 }
     }
 
     /// The draft computed `tokens` tokens in `seconds`.
@@ -103,7 +95,6 @@ impl BlockFloor {
             return;
         }
         self.verify.add((block_len + 1) as f64, seconds);
-        self.verifies += 1;
     }
 
     /// A block's decision: `accepted` drafted tokens passed, and the next one was rejected if `rejected`.
@@ -121,7 +112,7 @@ impl BlockFloor {
     /// The floor for the next block.
     pub(crate) fn floor(&self) -> usize {
         let (Some(d), Some((c0, c1))) = (self.draft_s_per_token, self.verify.line()) else {
-            return if self.verifies == 0 { self.k } else { self.k.div_ceil(2) };
+            return if self.verify.w == 0.0 { self.k } else { self.k.div_ceil(2) };
         };
         let a = self.acceptance();
         let mut best = (self.k, f64::MIN);
