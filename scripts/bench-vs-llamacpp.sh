@@ -8,8 +8,11 @@
 # (default: <cache>/easd/llama.cpp); set LLAMA_CPP_DIR to an existing build to skip that. Nothing of it
 # enters the repository. Run on a quiet machine: ratios within one run are what compare.
 # Usage: scripts/bench-vs-llamacpp.sh [threads] [max_tokens]
+#        scripts/bench-vs-llamacpp.sh --build-only   (build llama.cpp and stop: then measure on a quiet machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+[ "${1:-}" = --build-only ] && { build_only=1; shift; }
 threads=${1:-2}
 max_tokens=${2:-200}
 bin=${EASD_BIN_DIR:-target/release}
@@ -65,6 +68,10 @@ lb="$llama/build/bin"
 have_llama=1
 if [ ! -x "$lb/llama-bench" ] || [ ! -x "$lb/llama-speculative-simple" ] || [ ! -x "$lb/llama-completion" ]; then
   build_llama || { echo "llama.cpp is ABSENT (build failed, see $out); printing our figures only" >&2; have_llama=0; }
+fi
+if [ $build_only = 1 ]; then
+  [ $have_llama = 1 ] && echo "llama.cpp is built in $lb"
+  exit $((1 - have_llama))
 fi
 
 echo "== $(date -u +%FT%TZ) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $threads threads, load $(cut -d' ' -f1-3 /proc/loadavg)"
