@@ -6,8 +6,12 @@
 //!
 //! * A request submits a [`Job`] for its session into a bounded queue (when full, the request waits for room).
 //! * The model thread takes what is queued, first come first served: jobs are admitted while the batch has fewer
-//!   than `max_rows` input rows (a larger job runs alone, its turn kept), and a job whose session is still busy
-//!   with an earlier job (a pre-draft being cancelled) waits without holding up the others.
+//!   than `max_rows` input rows, and a job whose session is still busy with an earlier job (a pre-draft being
+//!   cancelled) waits without holding up the others.
+//! * Chunked prefill: a long round (a prompt, a draft catching up) beside other jobs' rounds is fed in pieces of
+//!   what the row budget leaves — it counts as at most a quarter of `max_rows` for admission — so the sessions
+//!   already decoding keep getting a token per forward instead of waiting out a whole prefill; alone, it runs
+//!   whole. Its logits come with its last piece, bitwise those of one whole forward (batch invariance).
 //! * A job runs in rounds, each one forward with the other admitted jobs ([`easd_model::Model::forward_batch`]:
 //!   its own KV cache and positions, bitwise the logits it would get alone). A verify is one round; a draft's
 //!   k-token proposal is k rounds, one row each after the first, so concurrent drafts advance in lock step and
@@ -41,7 +45,8 @@ pub struct BatchOptions {
     /// How long a batch is held open for other active sessions' requests (never when the worker is idle).
     /// Zero: batch only what is already queued when the model is free.
     pub window: Duration,
-    /// Most input rows (tokens) in one forward; a larger request runs alone. 1 turns batching off.
+    /// Most input rows (tokens) in one forward; a longer round is fed in pieces beside other jobs and runs whole
+    /// when alone. 1 turns batching off.
     pub max_rows: usize,
     /// Most requests waiting for the model thread; more wait for room (at least 1).
     pub queue: usize,
@@ -228,6 +233,39 @@ struct Running {
     round: Round,
     /// Whether a forward ran for it (the session then needs a check-in).
     forwarded: bool,
+    /// Part of its round has been fed (a prompt in pieces): the rest is what `round` holds.
+    partial: bool,
+}
+
+/// Tokens of each round that one forward feeds, in the running jobs' order (`rounds`: input tokens and logits
+/// rows). Whole rounds while they fit in `max_rows`, or when only one job runs; otherwise the rounds that cannot
+/// be split (all their tokens want logits) go whole, and the others take what the budget leaves, first come first
+/// served, stopping short of their logits rows until their last piece (0: it sits this forward out).
+fn plan_pieces(rounds: &[(usize, usize)], max_rows: usize) -> Vec<usize> {
+    let total: usize = rounds.iter().map(|r| r.0).sum();
+    if rounds.len() <= 1 || total <= max_rows {
+        return rounds.iter().map(|r| r.0).collect();
+    }
+    let splittable = |(len, rows): (usize, usize)| len > rows;
+    let whole: usize = rounds.iter().filter(|r| !splittable(**r)).map(|r| r.0).sum();
+    let mut left = max_rows.saturating_sub(whole);
+    rounds
+        .iter()
+        .map(|&(len, rows)| {
+            if !splittable((len, rows)) {
+                return len;
+            }
+            let piece = if len <= left { len } else { left.min(len - rows) };
+            left -= piece;
+            piece
+        })
+        .collect()
+}
+
+/// Rows a job with a `rows`-token round counts for admission: a long round takes what is left in pieces, so it
+/// holds back at most a quarter of the budget from the jobs that come after it.
+fn admission_rows(rows: usize, max_rows: usize) -> usize {
+    rows.min((max_rows / 4).max(1))
 }
 
 struct ModelThread {
@@ -252,7 +290,9 @@ impl ModelThread {
             if !self.shared.take(&mut self.pending, if idle { None } else { Some(Instant::now()) }) && idle {
                 break;
             }
-            if self.running.is_empty() && !self.options.window.is_zero() {
+            // A prompt fed in pieces holds the batch open too: the sessions decoding beside it come back for their
+            // next token within the window.
+            if self.running.iter().all(|r| r.partial) && !self.options.window.is_zero() {
                 self.hold_open();
             }
             self.admit();
@@ -289,12 +329,16 @@ impl ModelThread {
         let now = Instant::now();
         self.recent.retain(|_, seen| now.duration_since(*seen) < ACTIVE_HORIZON);
         let Some(worker) = self.worker.upgrade() else { return false };
-        self.recent.keys().any(|id| !self.pending.iter().any(|t| &t.session_id == id) && worker.sessions.contains(id))
+        let waiting = |id: &String| {
+            self.pending.iter().any(|t| &t.session_id == id) || self.running.iter().any(|r| &r.ticket.session_id == id)
+        };
+        self.recent.keys().any(|id| !waiting(id) && worker.sessions.contains(id))
     }
 
     /// Admits pending jobs in arrival order while the rows fit: locks each one's session and starts it.
     fn admit(&mut self) {
-        let mut rows: usize = self.running.iter().map(|r| r.round.tokens.len()).sum();
+        let max_rows = self.options.max_rows;
+        let mut rows: usize = self.running.iter().map(|r| admission_rows(r.round.tokens.len(), max_rows)).sum();
         let mut i = 0;
         while i < self.pending.len() {
             if self.pending[i].job.cancelled() {
@@ -306,7 +350,7 @@ impl ModelThread {
                 i += 1; // its session is busy with an earlier job of the same session
                 continue;
             };
-            if rows > 0 && rows + self.pending[i].rows > self.options.max_rows {
+            if rows > 0 && rows + admission_rows(self.pending[i].rows, max_rows) > max_rows {
                 break; // first come, first served: it leads the next batch
             }
             let mut ticket = self.pending.remove(i).expect("index checked");
@@ -316,8 +360,8 @@ impl ModelThread {
             let started = ticket.span.in_scope(|| ticket.job.start(&mut session));
             match started {
                 Ok(round) => {
-                    rows += round.tokens.len();
-                    self.running.push(Running { ticket, session, round, forwarded: false });
+                    rows += admission_rows(round.tokens.len(), max_rows);
+                    self.running.push(Running { ticket, session, round, forwarded: false, partial: false });
                 }
                 Err(e) => ticket.job.fail(e),
             }
@@ -343,15 +387,20 @@ impl ModelThread {
         if self.running.is_empty() {
             return;
         }
-        let (sessions, rows) = (self.running.len(), self.running.iter().map(|r| r.round.tokens.len()).sum::<usize>());
-        let spans: Vec<tracing::Span> = self
-            .running
+        let rounds: Vec<(usize, usize)> = self.running.iter().map(|r| (r.round.tokens.len(), r.round.rows)).collect();
+        let pieces = plan_pieces(&rounds, self.options.max_rows);
+        // A piece short of its round feeds one logits row nobody reads: the model always returns at least one.
+        let logit_rows = |i: usize| if pieces[i] == rounds[i].0 { rounds[i].1 } else { 1 };
+        let fed: Vec<usize> = (0..pieces.len()).filter(|&i| pieces[i] > 0).collect();
+        let (sessions, rows) = (fed.len(), pieces.iter().sum::<usize>());
+        let spans: Vec<tracing::Span> = fed
             .iter()
-            .map(|r| {
+            .map(|&i| {
+                let r = &self.running[i];
                 tracing::info_span!(
                     parent: &r.ticket.span,
                     "forward",
-                    batch_len = r.round.tokens.len(),
+                    batch_len = pieces[i],
                     pos = r.session.tokens.len(),
                     batch_sessions = sessions,
                     batch_rows = rows
@@ -363,10 +412,17 @@ impl ModelThread {
             let mut items: Vec<BatchItem<'_>> = self
                 .running
                 .iter_mut()
-                .map(|r| {
+                .enumerate()
+                .filter(|(i, _)| pieces[*i] > 0)
+                .map(|(i, r)| {
                     let session = &mut *r.session;
                     let start_pos = session.tokens.len();
-                    BatchItem { cache: &mut session.cache, tokens: &r.round.tokens, start_pos, n_rows: r.round.rows }
+                    BatchItem {
+                        cache: &mut session.cache,
+                        tokens: &r.round.tokens[..pieces[i]],
+                        start_pos,
+                        n_rows: logit_rows(i),
+                    }
                 })
                 .collect();
             self.model.forward_batch(&mut items)
@@ -388,12 +444,27 @@ impl ModelThread {
             }
         };
         let now = Instant::now();
+        let mut logits = logits.into_iter();
         let mut next = Vec::with_capacity(self.running.len());
-        for (mut r, logits) in std::mem::take(&mut self.running).into_iter().zip(logits) {
+        for (i, mut r) in std::mem::take(&mut self.running).into_iter().enumerate() {
+            if pieces[i] == 0 {
+                next.push(r);
+                continue;
+            }
+            let logits = logits.next().expect("one logits per fed job");
             r.forwarded = true;
+            self.recent.insert(r.ticket.session_id.clone(), now);
+            if pieces[i] < rounds[i].0 {
+                // The rest of the round waits for the next forward; the job sees only its last piece's logits.
+                r.session.tokens.extend(&r.round.tokens[..pieces[i]]);
+                r.round.tokens.drain(..pieces[i]);
+                r.partial = true;
+                next.push(r);
+                continue;
+            }
             let tokens = std::mem::take(&mut r.round.tokens);
             r.session.tokens.extend(&tokens);
-            self.recent.insert(r.ticket.session_id.clone(), now);
+            r.partial = false;
             let session = &mut *r.session;
             let step = r.ticket.span.in_scope(|| r.ticket.job.step(session, logits, seconds as f32));
             match step {
@@ -610,6 +681,90 @@ mod tests {
         assert_eq!(batch_stats(&worker), (4.0, 6.0));
         let starts: Vec<String> = entries(&log).into_iter().filter(|e| e.contains("start")).collect();
         assert_eq!(starts, ["a", "b", "c", "d", "e"].map(|n| format!("{n} start at 0")));
+    }
+
+    /// A one-round job over a whole prompt, logits for its last token: it records them.
+    struct Prompt {
+        tokens: Vec<u32>,
+        logits: Arc<Mutex<Option<Vec<f32>>>>,
+        done: Option<oneshot::Sender<()>>,
+    }
+
+    impl Job for Prompt {
+        fn cancelled(&self) -> bool {
+            false
+        }
+
+        fn start(&mut self, _: &mut WorkerSession) -> Result<Round, ServerError> {
+            Ok(Round { tokens: self.tokens.clone(), rows: 1 })
+        }
+
+        fn step(&mut self, session: &mut WorkerSession, logits: Logits, _: f32) -> Option<Round> {
+            assert_eq!(session.tokens.tokens(), self.tokens, "the session holds the whole prompt");
+            assert_eq!(logits.rows(), 1);
+            *self.logits.lock().unwrap() = Some(logits.row(0).to_vec());
+            let _ = self.done.take().unwrap().send(());
+            None
+        }
+
+        fn fail(&mut self, error: ServerError) {
+            panic!("prompt failed: {error}");
+        }
+    }
+
+    /// Queues the prompt `tokens` for session `id`; resolves to its last token's logits.
+    async fn submit_prompt(worker: &Worker, id: &str, tokens: &[u32]) -> impl Future<Output = Vec<f32>> + use<> {
+        let (done, finished) = oneshot::channel();
+        let logits = Arc::new(Mutex::new(None));
+        let job = Prompt { tokens: tokens.to_vec(), logits: logits.clone(), done: Some(done) };
+        worker.submit(Ticket::new(session_of(worker, id), id, tokens.len(), Box::new(job))).await.unwrap();
+        async move {
+            finished.await.unwrap();
+            logits.lock().unwrap().take().unwrap()
+        }
+    }
+
+    #[test]
+    fn long_rounds_take_what_the_row_budget_leaves_stopping_short_of_their_logits_rows() {
+        // Alone, or all fitting: whole.
+        assert_eq!(plan_pieces(&[(100, 1)], 8), [100]);
+        assert_eq!(plan_pieces(&[(5, 1), (1, 1), (2, 2)], 8), [5, 1, 2]);
+        // Rounds that want logits for every token go whole; the long ones share the rest in arrival order.
+        assert_eq!(plan_pieces(&[(20, 1), (1, 1), (1, 1)], 8), [6, 1, 1]);
+        assert_eq!(plan_pieces(&[(1, 1), (20, 1), (20, 1), (5, 5)], 16), [1, 10, 0, 5]);
+        // A piece never reaches into the last `rows` tokens unless it is the whole round.
+        assert_eq!(plan_pieces(&[(1, 1), (9, 4)], 8), [1, 5]);
+        assert_eq!(plan_pieces(&[(1, 1), (8, 4)], 8), [1, 4]);
+        assert_eq!(plan_pieces(&[(1, 1), (7, 4)], 8), [1, 7]);
+        // Nothing left over: the long round sits the forward out.
+        assert_eq!(plan_pieces(&[(8, 8), (9, 1)], 8), [8, 0]);
+        // For admission a long round counts as at most a quarter of the budget.
+        assert_eq!(admission_rows(125, 64), 16);
+        assert_eq!(admission_rows(5, 64), 5);
+        assert_eq!(admission_rows(125, 1), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_prompt_beside_a_decoding_session_is_fed_in_pieces_with_the_logits_it_gets_alone() {
+        let options = BatchOptions { max_rows: 4, ..no_window() };
+        let prompt: Vec<u32> = (1..=9).collect();
+        let (_d, alone_worker) = tiny_worker(options);
+        let alone = submit_prompt(&alone_worker, "p", &prompt).await.await;
+        assert_eq!(batch_stats(&alone_worker), (1.0, 1.0), "alone, a prompt runs whole");
+
+        let (_d2, worker) = tiny_worker(options);
+        let log = Log::default();
+        let (release, _gate_done) = hold_model_thread(&worker, &log).await;
+        let (decoder, decoded) = Probe::new("a", 3, &log);
+        submit(&worker, "a", decoder).await;
+        let beside = submit_prompt(&worker, "p", &prompt).await;
+        release.send(()).unwrap();
+        let beside = beside.await;
+        decoded.await.unwrap();
+        // The gate; then three forwards of a's token and three of the prompt's: a never waited for the prefill.
+        assert_eq!(batch_stats(&worker), (4.0, 7.0));
+        assert_eq!(entries(&log), ["a start at 0", "a step", "a step", "a step"]);
+        assert!(alone.iter().zip(&beside).all(|(x, y)| x.to_bits() == y.to_bits()), "pieces change no bit");
     }
 
     /// A later job of the same session waits for the earlier one's last round (the lock is held across rounds)

@@ -46,7 +46,8 @@ pub struct WorkerArgs {
     /// the worker is idle; 0: only what is already queued is batched).
     #[arg(long, default_value_t = 2.0, env = "EASD_BATCH_WINDOW_MS")]
     pub batch_window_ms: f64,
-    /// Most input rows (tokens, all sessions together) in one forward; 1 turns batching off.
+    /// Most input rows (tokens, all sessions together) in one forward (a longer prompt beside other sessions is fed
+    /// in pieces); 1 turns batching off.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..), env = "EASD_BATCH_MAX_ROWS")]
     pub batch_max_rows: u64,
     /// Most requests waiting for the model; more wait for room.

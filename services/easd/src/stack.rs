@@ -48,7 +48,8 @@ pub struct LocalArgs {
     /// (never when the worker is idle; 0: only what is already queued is batched).
     #[arg(long, default_value_t = 2.0)]
     pub batch_window_ms: f64,
-    /// Most input rows (tokens, all sessions together) in one forward of a worker; 1 turns batching off.
+    /// Most input rows (tokens, all sessions together) in one forward of a worker (a longer prompt beside other
+    /// sessions is fed in pieces); 1 turns batching off.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_max_rows: u64,
     /// Greedy sd requests run the target alone, without drafting, while this many sessions (or more) share the
