@@ -100,7 +100,9 @@ EOF
 # Memory bandwidth on a shared VM drifts by ±10 % within minutes, and decode is bandwidth-bound: ours and
 # llama.cpp's runs alternate, $rounds times each, and the medians are compared.
 rounds=${ROUNDS:-3}
-median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.1f}')" "$@"; }
+median() { # digits values… → their median
+  python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[2:])):.{sys.argv[1]}f}')" "$@"
+}
 printf '\n%-8s %14s %14s %8s %12s %12s %10s %16s\n' model "ours tok/s" "llama.cpp" ratio "k=1 ms" "k=8 ms" "k8/k1" \
   "llama.cpp k8/k1"
 for m in target draft; do
@@ -114,10 +116,10 @@ for m in target draft; do
       refs+=("$ref") ref_k8s+=("$ref_k8")
     fi
   done
-  dec=$(median "${decs[@]}") k1=$(median "${k1s[@]}") k8=$(median "${k8s[@]}")
+  dec=$(median 1 "${decs[@]}") k1=$(median 1 "${k1s[@]}") k8=$(median 1 "${k8s[@]}")
   ref=n/a; ratio=n/a; ref_k8=n/a
   if [ $have_llama = 1 ]; then
-    ref=$(median "${refs[@]}") ref_k8=$(python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.2f}')" "${ref_k8s[@]}")
+    ref=$(median 1 "${refs[@]}") ref_k8=$(median 2 "${ref_k8s[@]}")
     ratio=$(python3 -c "print(f'{$dec/$ref:.2f}x')")
   fi
   printf '%-8s %14s %14s %8s %12s %12s %10s %16s\n' $m "$dec" "$ref" "$ratio" "$k1" "$k8" \

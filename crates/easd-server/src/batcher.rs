@@ -454,17 +454,14 @@ impl ModelThread {
             let logits = logits.next().expect("one logits per fed job");
             r.forwarded = true;
             self.recent.insert(r.ticket.session_id.clone(), now);
-            if pieces[i] < rounds[i].0 {
-                // The rest of the round waits for the next forward; the job sees only its last piece's logits.
-                r.session.tokens.extend(&r.round.tokens[..pieces[i]]);
-                r.round.tokens.drain(..pieces[i]);
-                r.partial = true;
+            r.session.tokens.extend(&r.round.tokens[..pieces[i]]);
+            r.round.tokens.drain(..pieces[i]);
+            // The rest of a round fed in pieces waits for the next forward; the job sees only its last piece's logits.
+            r.partial = !r.round.tokens.is_empty();
+            if r.partial {
                 next.push(r);
                 continue;
             }
-            let tokens = std::mem::take(&mut r.round.tokens);
-            r.session.tokens.extend(&tokens);
-            r.partial = false;
             let session = &mut *r.session;
             let step = r.ticket.span.in_scope(|| r.ticket.job.step(session, logits, seconds as f32));
             match step {
