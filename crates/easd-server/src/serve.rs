@@ -10,13 +10,13 @@ use std::convert::Infallible;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use easd_telemetry::CoordinatorMetrics;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic::{Code, Request, Status};
 use tonic_health::ServingStatus;
@@ -44,6 +44,13 @@ impl ServerOptions {
             None => Ok(builder),
         }
     }
+}
+
+/// The accepted connections of `listener`, with Nagle's algorithm off. Tonic's own `tcp_nodelay` applies only to
+/// listeners it binds itself; without it a response's last small frames wait for the peer's delayed ACK (up to
+/// 40 ms on Linux) — measured as a 40–50 ms stall in about half of the pipelined loop's verify calls.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// A server span per request continuing the caller's trace (W3C `traceparent` in the metadata). Health checks,
@@ -113,7 +120,7 @@ where
         .add_service(health)
         .add_service(reflection())
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await
 }
 
@@ -169,7 +176,7 @@ pub async fn serve_coordinator(
         .add_service(health)
         .add_service(reflection())
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await;
     readiness.abort();
     served
@@ -266,3 +273,20 @@ where
 }
 
 const GENERATE_PATH: &str = "/easd.v1.Coordinator/Generate";
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_send_small_frames_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut accepted = incoming(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let server_side = accepted.next().await.expect("a connection").unwrap();
+        assert!(server_side.nodelay().unwrap(), "Nagle's algorithm must be off on the server's side");
+    }
+}
