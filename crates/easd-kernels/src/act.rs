@@ -122,10 +122,9 @@ fn quantize_block(src: &[f32], dst: &mut [i8]) -> f32 {
     amax / 127.0
 }
 
-/// The largest |v| of `src` (NaNs ignored; 0 for none): sixteen running maxima, so the compiler
-/// keeps them in one vector register instead of a chain of dependent `max`es — the chain was most
-/// of the quantization's time. The same value as a fold in order: `max` of non-negative floats is
-/// exact, associative and commutative.
+/// The largest |v| of `src` (NaNs ignored; 0 for none): sixteen running maxima, which the compiler
+/// keeps in one vector register instead of a chain of dependent `max`es. The same value as a fold
+/// in order: `max` of non-negative floats is exact, associative and commutative.
 #[inline(always)]
 fn abs_max(src: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 16];

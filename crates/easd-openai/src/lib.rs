@@ -27,8 +27,9 @@ use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::{ListenerExt, TapIo};
 use easd_server::Coordinator;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 pub use endpoint::Endpoint;
 pub use error::Error;
@@ -60,6 +61,17 @@ pub fn router(coordinator: Arc<Coordinator>, config: HttpConfig) -> axum::Router
 /// How long open responses may go on after the shutdown signal (a chat may otherwise run to the context's end).
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// `listener` with Nagle's algorithm off on every accepted connection: streamed deltas are small writes, and
+/// without it each could wait for the client's delayed ACK (up to 40 ms on Linux).
+fn without_nagle(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
+    fn no_delay(tcp: &mut TcpStream) {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not turn Nagle's algorithm off on an accepted connection");
+        }
+    }
+    listener.tap_io(no_delay)
+}
+
 /// Serves the API on `listener` until `shutdown` completes, then lets open responses finish for at most
 /// [`SHUTDOWN_GRACE`] (connections still open then end with the runtime).
 pub async fn serve(
@@ -76,7 +88,7 @@ pub async fn serve(
         shutdown.await;
         let _ = signalled.send(());
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(signal).into_future();
+    let server = axum::serve(without_nagle(listener), app).with_graceful_shutdown(signal).into_future();
     tokio::select! {
         served = server => served,
         () = async {
@@ -89,5 +101,22 @@ pub async fn serve(
             tracing::warn!(%addr, "HTTP responses still open {SHUTDOWN_GRACE:?} after shutdown; leaving them");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::serve::Listener;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_send_small_writes_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut accepting = without_nagle(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server_side, _) = accepting.accept().await;
+        assert!(server_side.nodelay().unwrap(), "Nagle's algorithm must be off on the server's side");
     }
 }
