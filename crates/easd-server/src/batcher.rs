@@ -69,8 +69,9 @@ pub struct Round {
 pub trait Job: Send {
     /// The client went away: a job not started yet is dropped, a started one ends before its next round.
     fn cancelled(&self) -> bool;
-    /// Checks the prefix claim (rolling the cache back) and returns the first round.
-    fn start(&mut self, session: &mut WorkerSession) -> Result<Round, ServerError>;
+    /// Checks the prefix claim (rolling the cache back) and returns the first round, or None when the job is done
+    /// without a forward (a draft's single proposal from the logits its session kept).
+    fn start(&mut self, session: &mut WorkerSession) -> Result<Option<Round>, ServerError>;
     /// Takes a round's logits (the session already holds the round's tokens) and returns the next round, or None
     /// when the job is done. `forward_seconds`: the batched forward's wall time.
     fn step(&mut self, session: &mut WorkerSession, logits: Logits, forward_seconds: f32) -> Option<Round>;
@@ -359,10 +360,11 @@ impl ModelThread {
             let mut session = session;
             let started = ticket.span.in_scope(|| ticket.job.start(&mut session));
             match started {
-                Ok(round) => {
+                Ok(Some(round)) => {
                     rows += admission_rows(round.tokens.len(), max_rows);
                     self.running.push(Running { ticket, session, round, forwarded: false, partial: false });
                 }
+                Ok(None) => {}
                 Err(e) => ticket.job.fail(e),
             }
         }
@@ -557,13 +559,13 @@ mod tests {
             self.cancel.load(Ordering::SeqCst)
         }
 
-        fn start(&mut self, session: &mut WorkerSession) -> Result<Round, ServerError> {
+        fn start(&mut self, session: &mut WorkerSession) -> Result<Option<Round>, ServerError> {
             if let Some(len) = self.claim {
                 session.tokens.truncate(len);
                 session.cache.truncate(len)?;
             }
             self.log.lock().unwrap().push(format!("{} start at {}", self.name, session.tokens.len()));
-            Ok(Round { tokens: vec![1], rows: 1 })
+            Ok(Some(Round { tokens: vec![1], rows: 1 }))
         }
 
         fn step(&mut self, _: &mut WorkerSession, logits: Logits, _: f32) -> Option<Round> {
@@ -692,8 +694,8 @@ mod tests {
             false
         }
 
-        fn start(&mut self, _: &mut WorkerSession) -> Result<Round, ServerError> {
-            Ok(Round { tokens: self.tokens.clone(), rows: 1 })
+        fn start(&mut self, _: &mut WorkerSession) -> Result<Option<Round>, ServerError> {
+            Ok(Some(Round { tokens: self.tokens.clone(), rows: 1 }))
         }
 
         fn step(&mut self, session: &mut WorkerSession, logits: Logits, _: f32) -> Option<Round> {

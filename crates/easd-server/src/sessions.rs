@@ -7,10 +7,11 @@
 //! queued behind another one (a dropped pre-draft) can then never leave the next request computing on a context it
 //! did not claim.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use easd_core::{DraftToken, SamplingParams};
 use easd_model::KvCache;
 
 use crate::error::ServerError;
@@ -20,6 +21,28 @@ use crate::prefix::HashedTokens;
 pub struct WorkerSession {
     pub cache: KvCache,
     pub tokens: HashedTokens,
+    /// A draft's last draws, newest last (see [`WorkerSession::resume_keeping`]).
+    draws: VecDeque<KeptDraw>,
+}
+
+/// Draws a draft session keeps: the forward cut short by a closed stream, and the one a late close lets through.
+const KEPT_DRAWS: usize = 2;
+
+/// How a draft draws its proposals; a kept draw is reused only by a request that draws the same way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrawSettings {
+    pub params: SamplingParams,
+    pub seed: u64,
+    pub support: usize,
+    pub top_n: usize,
+}
+
+/// A draft's draw at the position after the first `len` tokens of its session, whose hash is `hash`.
+struct KeptDraw {
+    len: usize,
+    hash: u64,
+    settings: DrawSettings,
+    token: DraftToken,
 }
 
 /// "The session holds these `len` tokens, whose rolling hash is `hash`" (a request's prefix claim, decoded).
@@ -30,9 +53,62 @@ pub struct Claim {
 }
 
 impl WorkerSession {
+    pub fn new(cache: KvCache) -> Self {
+        Self { cache, tokens: HashedTokens::default(), draws: VecDeque::new() }
+    }
+
+    /// Keeps a draft's draw at the position after every token the session holds, for a later
+    /// [`WorkerSession::resume_keeping`].
+    pub fn keep_draw(&mut self, settings: &DrawSettings, token: &DraftToken) {
+        if self.draws.len() == KEPT_DRAWS {
+            self.draws.pop_front();
+        }
+        let len = self.tokens.len();
+        let (hash, settings, token) = (self.tokens.hash_of_prefix(len), settings.clone(), token.clone());
+        self.draws.push_back(KeptDraw { len, hash, settings, token });
+    }
+
+    /// [`WorkerSession::resume`] for a draft request that feeds `new_tokens` after the claimed prefix, keeping
+    /// what the session already holds of them. A pipelined pre-draft that the coordinator cut short has fed one
+    /// token more than the coordinator saw (the forward that was running when the stream closed), and the next
+    /// pre-draft starts with exactly that token: it needs no second forward, and with the draw after it kept, its
+    /// first proposal needs none at all. Returns how many of `new_tokens` are held (the rest is to be fed) and, when
+    /// all are, the kept draw after them. Exact: a token's cache entries and logits do not depend on which forward
+    /// computed them (the batch-invariant runtime, DESIGN §3.4), and a draw depends only on those logits, the
+    /// settings and the position.
+    pub fn resume_keeping(
+        &mut self,
+        session_id: &str,
+        claim: Claim,
+        new_tokens: &[u32],
+        settings: &DrawSettings,
+    ) -> Result<(usize, Option<DraftToken>), ServerError> {
+        self.check_claim(session_id, claim)?;
+        let beyond = &self.tokens.tokens()[claim.len..];
+        let mut held = beyond.iter().zip(new_tokens).take_while(|(a, b)| a == b).count();
+        let mut draw = None;
+        if held == new_tokens.len() && held > 0 {
+            let len = claim.len + held;
+            let kept = self.draws.iter().rfind(|d| d.len == len && self.tokens.matches(len, d.hash));
+            match kept {
+                Some(d) if d.settings == *settings => draw = Some(d.token.clone()),
+                // Without the draw after it, the last token is fed again.
+                _ => held -= 1,
+            }
+        }
+        self.roll_back(claim.len + held)?;
+        Ok((held, draw))
+    }
+
     /// Checks the claim against what the session holds and rolls the cache back to it; returns the position the
     /// next forward starts at. Call with the session locked, in the critical section of the forward.
     pub fn resume(&mut self, session_id: &str, claim: Claim) -> Result<usize, ServerError> {
+        self.check_claim(session_id, claim)?;
+        self.roll_back(claim.len)?;
+        Ok(claim.len)
+    }
+
+    fn check_claim(&self, session_id: &str, claim: Claim) -> Result<(), ServerError> {
         if !self.tokens.matches(claim.len, claim.hash) {
             return Err(ServerError::PrefixMismatch {
                 session: session_id.to_owned(),
@@ -40,12 +116,16 @@ impl WorkerSession {
                 held_len: self.tokens.len(),
             });
         }
-        let _span = tracing::info_span!("cache.rollback", to = claim.len, held = self.tokens.len()).entered();
-        self.tokens.truncate(claim.len);
-        if self.cache.len() > claim.len {
-            self.cache.truncate(claim.len)?;
+        Ok(())
+    }
+
+    fn roll_back(&mut self, len: usize) -> Result<(), ServerError> {
+        let _span = tracing::info_span!("cache.rollback", to = len, held = self.tokens.len()).entered();
+        self.tokens.truncate(len);
+        if self.cache.len() > len {
+            self.cache.truncate(len)?;
         }
-        Ok(claim.len)
+        Ok(())
     }
 }
 
@@ -99,10 +179,7 @@ impl SessionTable {
     ) -> Result<SharedSession, ServerError> {
         let mut entries = self.entries.lock().expect("session table poisoned");
         if full_context {
-            let session = Arc::new(tokio::sync::Mutex::new(WorkerSession {
-                cache: new_cache(),
-                tokens: HashedTokens::default(),
-            }));
+            let session = Arc::new(tokio::sync::Mutex::new(WorkerSession::new(new_cache())));
             entries.insert(id.to_owned(), Entry { session: session.clone(), last_used: Instant::now(), bytes: 0 });
             return Ok(session);
         }

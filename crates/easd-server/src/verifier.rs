@@ -138,9 +138,9 @@ impl Job for VerifyJob {
         self.reply.as_ref().is_none_or(|r| r.is_closed())
     }
 
-    fn start(&mut self, session: &mut WorkerSession) -> Result<Round, ServerError> {
+    fn start(&mut self, session: &mut WorkerSession) -> Result<Option<Round>, ServerError> {
         session.resume(&self.session_id, self.claim)?;
-        Ok(Round { tokens: self.feed.clone(), rows: self.rows })
+        Ok(Some(Round { tokens: self.feed.clone(), rows: self.rows }))
     }
 
     fn step(&mut self, session: &mut WorkerSession, logits: Logits, forward_seconds: f32) -> Option<Round> {
