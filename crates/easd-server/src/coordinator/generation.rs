@@ -298,8 +298,8 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             None => match self.draft.propose(&self.committed, count, None).await? {
                 Some(drafted) => {
                     self.stats.draft_forward_s += drafted.forward_s;
-                    if let Some(f) = &mut self.block_floor {
-                        f.observe_draft(drafted.tokens.len(), drafted.forward_s);
+                    if let (Some(f), Some((tokens, seconds))) = (&mut self.block_floor, drafted.decode_time()) {
+                        f.observe_draft(tokens, seconds);
                     }
                     drafted.tokens
                 }
@@ -345,8 +345,8 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             Ahead::Kept(drafted) => {
                 self.stats.predrafts_kept += 1;
                 self.stats.draft_forward_s += drafted.forward_s;
-                if let Some(f) = &mut self.block_floor {
-                    f.observe_draft(drafted.tokens.len(), drafted.forward_s);
+                if let (Some(f), Some((tokens, seconds))) = (&mut self.block_floor, drafted.decode_time()) {
+                    f.observe_draft(tokens, seconds);
                 }
                 // The first token was the guess of this block's bonus; the rest is the next block.
                 let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(1).collect();

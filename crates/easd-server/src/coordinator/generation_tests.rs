@@ -129,7 +129,7 @@ impl DraftSide for FakeDraft {
             return Err(ServerError::Internal("scripted draft failure".into()));
         }
         let forward_s = self.per_token.as_secs_f64() * tokens.len() as f64;
-        Ok(Some(Drafted { tokens, forward_s }))
+        Ok(Some(Drafted { tokens, forward_s, first_s: self.per_token.as_secs_f64() }))
     }
 
     fn release(&mut self) {

@@ -21,6 +21,17 @@ use crate::prefix::HashedTokens;
 pub struct Drafted {
     pub tokens: Vec<DraftToken>,
     pub forward_s: f64,
+    /// Of `forward_s`, the first token's: it also fed the call's new tokens (the whole prompt on a session's first
+    /// call), or took nothing (a draw the worker kept from the call before).
+    pub first_s: f64,
+}
+
+impl Drafted {
+    /// The tokens after the first and their seconds: what drafting one more token costs, prefills aside.
+    pub fn decode_time(&self) -> Option<(usize, f64)> {
+        let after_first = self.tokens.len().checked_sub(1).filter(|&n| n > 0)?;
+        Some((after_first, self.forward_s - self.first_s))
+    }
 }
 
 /// The verifier's summaries of a block's positions and of the position after it.
@@ -181,11 +192,12 @@ impl DraftSide for GrpcDraft {
         }
         let count = tokens.len();
         let forward_s = tokens.iter().map(|t| f64::from(t.forward_seconds)).sum();
+        let first_s = f64::from(tokens[0].forward_seconds);
         let tokens: Vec<DraftToken> = tokens.into_iter().map(draft_token_from_pb).collect::<Result<_, _>>()?;
         // The draft fed back every proposal but the last.
         let fed: Vec<u32> = tokens[..count - 1].iter().map(|t| t.token).collect();
         self.pin.now_holds(context, &fed);
-        Ok(Some(Drafted { tokens, forward_s }))
+        Ok(Some(Drafted { tokens, forward_s, first_s }))
     }
 
     fn release(&mut self) {
@@ -283,5 +295,31 @@ impl VerifierSide for GrpcVerifier {
 
     fn failovers(&self) -> u32 {
         self.pin.failovers()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use easd_core::SparseDist;
+
+    use super::*;
+
+    fn drafted(seconds: &[f64]) -> Drafted {
+        let token = DraftToken {
+            token: 1,
+            proposal: SparseDist { ids: vec![1], probs: vec![1.0] },
+            entropy: 0.0,
+            top_n: vec![1],
+        };
+        Drafted { tokens: vec![token; seconds.len()], forward_s: seconds.iter().sum(), first_s: seconds[0] }
+    }
+
+    /// The first token's seconds hold a prefill (or nothing, a kept draw): the per-token cost leaves them out, so
+    /// the adaptive block floor is not misled by a session's first call for many steps.
+    #[test]
+    fn the_decode_time_leaves_the_first_token_out() {
+        assert_eq!(drafted(&[0.5, 0.125, 0.125, 0.125]).decode_time(), Some((3, 0.375)));
+        assert_eq!(drafted(&[0.0, 0.125]).decode_time(), Some((1, 0.125)));
+        assert_eq!(drafted(&[0.6]).decode_time(), None, "one token says nothing about the next");
     }
 }
