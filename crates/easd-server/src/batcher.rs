@@ -70,7 +70,7 @@ pub trait Job: Send {
     /// The client went away: a job not started yet is dropped, a started one ends before its next round.
     fn cancelled(&self) -> bool;
     /// Checks the prefix claim (rolling the cache back) and returns the first round, or None when the job is done
-    /// without a forward (a draft's single proposal from the logits its session kept).
+    /// without a forward (a draft asked for one token that its session had already drawn).
     fn start(&mut self, session: &mut WorkerSession) -> Result<Option<Round>, ServerError>;
     /// Takes a round's logits (the session already holds the round's tokens) and returns the next round, or None
     /// when the job is done. `forward_seconds`: the batched forward's wall time.
