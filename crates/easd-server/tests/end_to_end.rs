@@ -460,11 +460,12 @@ async fn the_pipelined_loop_emits_the_sequential_loops_tokens() {
         assert!(p.summary.pipelined && !s.summary.pipelined, "{case}");
         assert!(!eager || s.summary.easd_triggers > 0, "{case}: the thresholds make the rule fire");
         // Greedy sd's pipelined blocks are flexible (an empty first block, then growing with the draft's lead): the
-        // same tokens from other blocks. Every other request keeps the sequential loop's blocks.
+        // same tokens from other blocks. Every other request keeps the sequential loop's blocks, with one more target
+        // forward: the verifier's prefill beside the first proposal.
         if temperature > 0.0 || mode == pb::Mode::Easd {
             assert_eq!(
                 (p.summary.blocks, p.summary.accepted_tokens, p.summary.easd_triggers, p.summary.target_forwards),
-                (s.summary.blocks, s.summary.accepted_tokens, s.summary.easd_triggers, s.summary.target_forwards),
+                (s.summary.blocks, s.summary.accepted_tokens, s.summary.easd_triggers, s.summary.target_forwards + 1),
                 "{case}: the same blocks were verified"
             );
         }
