@@ -104,12 +104,13 @@ impl ProposeJob {
     /// closed. `seconds`: what computing it took.
     fn send(&mut self, session: &mut WorkerSession, token: DraftToken, seconds: f32) -> Option<Round> {
         let position = session.tokens.len() as u64;
-        session.keep_draw(&self.settings, &token);
+        let (id, message) = (token.token, draft_token_to_pb(&token, position, seconds));
+        session.keep_draw(&self.settings, token);
         self.sent += 1;
-        if self.tx.try_send(Ok(draft_token_to_pb(&token, position, seconds))).is_err() || self.sent == self.count {
+        if self.tx.try_send(Ok(message)).is_err() || self.sent == self.count {
             return None; // done, or the coordinator went away: stop drafting
         }
-        Some(Round { tokens: vec![token.token], rows: 1 })
+        Some(Round { tokens: vec![id], rows: 1 })
     }
 }
 

@@ -59,12 +59,12 @@ impl WorkerSession {
 
     /// Keeps a draft's draw at the position after every token the session holds, for a later
     /// [`WorkerSession::resume_keeping`].
-    pub fn keep_draw(&mut self, settings: &DrawSettings, token: &DraftToken) {
+    pub fn keep_draw(&mut self, settings: &DrawSettings, token: DraftToken) {
         if self.draws.len() == KEPT_DRAWS {
             self.draws.pop_front();
         }
         let len = self.tokens.len();
-        let (hash, settings, token) = (self.tokens.hash_of_prefix(len), settings.clone(), token.clone());
+        let (hash, settings) = (self.tokens.hash_of_prefix(len), settings.clone());
         self.draws.push_back(KeptDraw { len, hash, settings, token });
     }
 
@@ -89,11 +89,15 @@ impl WorkerSession {
         let mut draw = None;
         if held == new_tokens.len() && held > 0 {
             let len = claim.len + held;
-            let kept = self.draws.iter().rfind(|d| d.len == len && self.tokens.matches(len, d.hash));
+            let kept = self
+                .draws
+                .iter()
+                .rposition(|d| d.len == len && self.tokens.matches(len, d.hash) && d.settings == *settings);
             match kept {
-                Some(d) if d.settings == *settings => draw = Some(d.token.clone()),
+                // Taken out: the request sends it and keeps it again.
+                Some(i) => draw = self.draws.remove(i).map(|d| d.token),
                 // Without the draw after it, the last token is fed again.
-                _ => held -= 1,
+                None => held -= 1,
             }
         }
         self.roll_back(claim.len + held)?;
