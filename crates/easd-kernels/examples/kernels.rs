@@ -31,7 +31,7 @@ fn main() {
         let q = QTensor::quantize(&wt, dtype).unwrap();
         let ours = QMatrix::new(format, rows, cols, &q.data().unwrap()).unwrap();
         let qmm = QMatMul::from_qtensor(q).unwrap();
-        for m in [1usize, 8].into_iter().filter(|m| only_m.is_none_or(|o| o == *m)) {
+        for m in only_m.map_or(vec![1usize, 8], |m| vec![m]) {
             let x: Vec<f32> = (0..m * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
             let xt = Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu).unwrap();
             let time = |f: &dyn Fn()| {

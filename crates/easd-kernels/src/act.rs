@@ -54,7 +54,9 @@ impl QuantizedActs {
         match isa {
             // SAFETY: the path's features are checked just before.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512Vnni if isa.available() => unsafe { quantize_blocks_avx2(x, &mut qs, &mut scales) },
+            Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx if isa.available() => unsafe {
+                quantize_blocks_avx2(x, &mut qs, &mut scales)
+            },
             _ => quantize_blocks(x, &mut qs, &mut scales),
         }
         let sums: Vec<i32> = qs.chunks_exact(format.sum_len()).map(|c| c.iter().map(|&q| i32::from(q)).sum()).collect();

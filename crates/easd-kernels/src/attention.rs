@@ -61,7 +61,7 @@ fn heads(isa: Isa, hd: usize, qs: &[f32], k: &[f32], v: &[f32], scale: f32, scor
     match isa {
         // SAFETY: `Isa::active` only returns paths the CPU has.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512Vnni => unsafe { heads_avx2(hd, qs, k, v, scale, scores, out) },
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => unsafe { heads_avx2(hd, qs, k, v, scale, scores, out) },
         // SAFETY: the portable loops need no feature.
         _ => unsafe { heads_body::<Portable>(hd, qs, k, v, scale, scores, out) },
     }

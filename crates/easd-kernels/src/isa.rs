@@ -1,5 +1,5 @@
 //! Which kernels run: chosen once per process from the CPU's features, or forced with
-//! `EASD_KERNELS=portable|avx2|avx512` (a forced path the CPU lacks falls back to the best one it has).
+//! `EASD_KERNELS=portable|avx2|avx512|amx` (a forced path the CPU lacks falls back to the best one it has).
 
 use std::sync::OnceLock;
 
@@ -12,10 +12,14 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX2 + AVX-512 F/BW/VL/VNNI (512-bit K-quant kernels, `vpdpbusd`).
     Avx512Vnni,
+    /// [`Isa::Avx512Vnni`] plus Intel AMX (tile registers, `tdpbsud`) for products of several
+    /// activation rows; single rows stay on the VNNI kernels. Linux only: the process must be
+    /// granted the tile state (`arch_prctl`), which some hypervisors withhold.
+    Amx,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512Vnni];
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx];
 
     /// Whether this CPU can run the path.
     pub fn available(self) -> bool {
@@ -31,7 +35,10 @@ impl Isa {
                     && std::is_x86_feature_detected!("avx512vl")
                     && std::is_x86_feature_detected!("avx512vnni")
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            Isa::Amx => Isa::Avx512Vnni.available() && crate::x86::amx::granted(),
+            // Paths of other architectures and systems.
+            #[allow(unreachable_patterns)]
             _ => false,
         }
     }
@@ -58,6 +65,7 @@ impl Isa {
             "portable" | "scalar" => Some(Isa::Portable),
             "avx2" => Some(Isa::Avx2),
             "avx512" | "avx512vnni" | "vnni" => Some(Isa::Avx512Vnni),
+            "amx" | "avx512-amx" => Some(Isa::Amx),
             _ => None,
         }
     }
@@ -67,6 +75,7 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512-vnni",
+            Isa::Amx => "avx512-amx",
         }
     }
 }

@@ -11,6 +11,12 @@ use crate::isa::Isa;
 use crate::pool::pool;
 use crate::scalar;
 
+/// Activation rows from which the AMX kernels beat the VNNI ones: a whole tile of them
+/// (`examples/kernels`: below it, preparing the weights as tile operands costs more than the
+/// tile products save).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+const AMX_MIN_ROWS: usize = crate::x86::amx::MAX_ROWS;
+
 /// Weight bytes of one work unit: small enough to stay in L2 while every activation tile passes.
 const UNIT_BYTES: usize = 256 << 10;
 
@@ -155,9 +161,24 @@ fn run_unit(isa: Isa, w: &QMatrix, acts: &QuantizedActs, first: usize, out: &mut
     let m = acts.rows();
     let n = out.first().map_or(0, |o| o.len());
     let stripes = &w.data[first * w.stripe_bytes..(first + n.div_ceil(TILE)) * w.stripe_bytes];
-    // Activation rows per kernel call: each unpacked weight line serves up to eight.
+    // Activation rows per kernel call: each unpacked weight line serves up to eight, or up to
+    // sixteen in AMX tiles.
     let mut r = 0;
     while r < m {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if isa == Isa::Amx && m - r >= AMX_MIN_ROWS {
+            use crate::x86::amx;
+            // Whole tiles of rows in one call: each block's weights are prepared once for all.
+            let t = (m - r) / amx::MAX_ROWS * amx::MAX_ROWS;
+            let a: Vec<ActRow<'_>> = (r..r + t).map(|i| acts.row(i)).collect();
+            let qs = &acts.qs[r * acts.cols..(r + t) * acts.cols];
+            // SAFETY: `matmul_with` checked that the CPU has the path's features and the tile state.
+            unsafe { amx::tiles_amx(w.format, stripes, w.stripe_bytes, n, qs, &a, &mut out[r..r + t]) };
+            r += t;
+            continue;
+        }
+        // Fewer rows than AMX pays for take the VNNI kernels (the same bits).
+        let isa = if isa == Isa::Amx { Isa::Avx512Vnni } else { isa };
         let t = (m - r).min(8);
         let dst = &mut out[r..r + t];
         match t {

@@ -15,6 +15,9 @@
 
 use core::arch::x86_64::*;
 
+#[cfg(target_os = "linux")]
+pub(crate) mod amx;
+
 use crate::act::ActRow;
 use crate::format::{
     ActFormat, Format, Q4K_LINES, Q4K_MINS, Q4K_SCALES, Q4K_TILE_BYTES, Q5_0_HIGH, Q6K_HIGH, Q6K_LOW, Q6K_SCALES,
@@ -559,18 +562,7 @@ unsafe fn tiles<V: Lanes, const R: usize>(
     a: &[ActRow<'_>; R],
     out: &mut [&mut [f32]],
 ) {
-    let nb = stripe_bytes / format.tile_block_bytes();
-    assert!(nb * format.tile_block_bytes() == stripe_bytes, "tile stripes");
-    assert_eq!(stripes.len(), n.div_ceil(TILE) * stripe_bytes, "stripes cover the rows");
-    assert!(out.len() == R && out.iter().all(|o| o.len() >= n), "output too short");
-    let (k, act) = (nb * format.block_len(), format.act_format());
-    for row in a {
-        assert_eq!(row.qs.len(), k, "activation row length");
-        assert!(row.scales.len() == k / act.block_len() && row.sums.len() == k / act.sum_len(), "activation sums");
-        if act == ActFormat::Q8K {
-            assert!(row.pairs16.len() == k / 32 && row.pairs32.len() == k / 64, "activation pair sums");
-        }
-    }
+    let nb = check_tiles(format, stripes, stripe_bytes, n, a, out);
     for (t, stripe) in stripes.chunks_exact(stripe_bytes).enumerate() {
         // SAFETY: shapes checked above; the features are the caller's contract.
         let res = unsafe {
@@ -581,19 +573,52 @@ unsafe fn tiles<V: Lanes, const R: usize>(
                 Format::Q5_0 => q32_tile::<V, R, true>(stripe, nb, a),
             }
         };
-        let len = TILE.min(n - TILE * t);
         for (o, acc) in out.iter_mut().zip(&res) {
-            let o = &mut o[TILE * t..TILE * t + len];
-            // SAFETY: register arithmetic; the features are the caller's contract.
-            unsafe {
-                if let Ok(whole) = <&mut [f32; TILE]>::try_from(&mut *o) {
-                    finish::<V>(acc, whole);
-                } else {
-                    let mut part = [0f32; TILE];
-                    finish::<V>(acc, &mut part);
-                    o.copy_from_slice(&part[..len]);
-                }
-            }
+            // SAFETY: the features are the caller's contract.
+            unsafe { store_tile::<V>(acc, o, t, n) };
+        }
+    }
+}
+
+/// Checks a tile kernel's shapes (the safety argument of every load the kernels make) and returns
+/// the tile blocks per stripe.
+fn check_tiles(
+    format: Format,
+    stripes: &[u8],
+    stripe_bytes: usize,
+    n: usize,
+    a: &[ActRow<'_>],
+    out: &[&mut [f32]],
+) -> usize {
+    let nb = stripe_bytes / format.tile_block_bytes();
+    assert!(nb * format.tile_block_bytes() == stripe_bytes, "tile stripes");
+    assert_eq!(stripes.len(), n.div_ceil(TILE) * stripe_bytes, "stripes cover the rows");
+    assert!(out.len() == a.len() && out.iter().all(|o| o.len() >= n), "output too short");
+    let (k, act) = (nb * format.block_len(), format.act_format());
+    for row in a {
+        assert_eq!(row.qs.len(), k, "activation row length");
+        assert!(row.scales.len() == k / act.block_len() && row.sums.len() == k / act.sum_len(), "activation sums");
+        if act == ActFormat::Q8K {
+            assert!(row.pairs16.len() == k / 32 && row.pairs32.len() == k / 64, "activation pair sums");
+        }
+    }
+    nb
+}
+
+/// Writes one activation row's lane sums of tile `t` (`finish`) into its output row, of `n` weight
+/// rows in all (the last tile may be partial).
+#[inline(always)]
+unsafe fn store_tile<V: Lanes>(acc: &[V::F; LANES], out: &mut [f32], t: usize, n: usize) {
+    let len = TILE.min(n - TILE * t);
+    let o = &mut out[TILE * t..TILE * t + len];
+    // SAFETY: register arithmetic; the features are the caller's contract.
+    unsafe {
+        if let Ok(whole) = <&mut [f32; TILE]>::try_from(&mut *o) {
+            finish::<V>(acc, whole);
+        } else {
+            let mut part = [0f32; TILE];
+            finish::<V>(acc, &mut part);
+            o.copy_from_slice(&part[..len]);
         }
     }
 }

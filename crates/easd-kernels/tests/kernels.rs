@@ -101,7 +101,8 @@ fn every_instruction_set_path_gives_the_portable_bits() {
     for (i, format) in Format::ALL.into_iter().enumerate() {
         let cols = if format.block_len() == 256 { 768 } else { 896 };
         let c = case(format, 24, cols, 30 + i as u64);
-        for m in [1, 3, 5, 8] {
+        // 16 and 35: whole AMX tiles of rows, and tiles plus rows left to the VNNI kernels.
+        for m in [1, 3, 5, 8, 16, 35] {
             let x = normal(&mut StdRng::seed_from_u64(200 + m as u64), m * cols, 2.0);
             let portable = matmul_with(Isa::Portable, &[&c.ours], &x, m).unwrap();
             for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
@@ -179,11 +180,14 @@ fn random_blocks_with_extreme_values_keep_the_paths_identical() {
             }
         }
         let w = QMatrix::new(format, rows, cols, &data).unwrap();
-        let x = normal(&mut rng, 2 * cols, 10.0);
-        let portable = matmul_with(Isa::Portable, &[&w], &x, 2).unwrap();
+        let x = normal(&mut rng, 16 * cols, 10.0);
+        let portable = matmul_with(Isa::Portable, &[&w], &x, 16).unwrap();
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-            let got = matmul_with(isa, &[&w], &x, 2).unwrap();
-            assert!(got[0].iter().zip(&portable[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?} {isa:?}");
+            for m in [2, 16] {
+                let got = matmul_with(isa, &[&w], &x[..m * cols], m).unwrap();
+                let same = got[0].iter().zip(&portable[0]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{format:?} {isa:?} m={m}");
+            }
         }
         // And against the dense product of the dequantized rows.
         let mut wr = vec![0f32; cols];
@@ -219,7 +223,7 @@ fn saturated_blocks_keep_the_paths_identical() {
             }
         }
         let w = QMatrix::new(format, rows, cols, &data).unwrap();
-        for m in [1, 2, 3, 8] {
+        for m in [1, 2, 3, 8, 16] {
             let x: Vec<f32> = (0..m * cols).map(|i| if (i / cols) % 2 == 0 { 1.0 } else { -1.0 }).collect();
             let portable = matmul_with(Isa::Portable, &[&w], &x, m).unwrap();
             for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
