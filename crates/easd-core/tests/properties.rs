@@ -143,3 +143,80 @@ fn draws_at_neighbouring_positions_are_independent() {
     }
     assert!(stat < 33.7, "independence chi-square {stat:.1}");
 }
+
+/// A toy language: the logits at a position are a pseudo-random function of the position and
+/// the token before it, so a different token changes everything after it.
+fn world_logits(world: u64, position: u64, previous: u32, vocab: usize) -> Vec<f32> {
+    (0..vocab as u64)
+        .map(|id| {
+            (uniform(world, position * 1_000 + previous as u64 * 31 + id, Purpose::DraftSample) as f32 - 0.5) * 10.0
+        })
+        .collect()
+}
+
+/// Generates `len` tokens after token 0, block by block with the fed block sizes cycling
+/// through `cuts`. With `tested_next` each block also carries the draft's next token, scored
+/// at the position after the fed block and tested (no bonus); without it the block gets a bonus.
+fn generate(
+    mode: &Mode,
+    params: &SamplingParams,
+    seed: u64,
+    cuts: &[usize],
+    tested_next: bool,
+    len: usize,
+) -> Vec<u32> {
+    const VOCAB: usize = 12;
+    let opts = TargetOptions { top_n: 5, penalty: Penalty::Mask, logprobs: 0 };
+    let mut tokens = vec![0u32];
+    for &cut in cuts.iter().cycle() {
+        if tokens.len() > len {
+            break;
+        }
+        let first = tokens.len() as u64;
+        let drafted = if tested_next { cut + 1 } else { cut.max(1) };
+        let (mut drafts, mut scored) = (Vec::new(), Vec::new());
+        let mut previous = *tokens.last().unwrap();
+        for j in 0..drafted as u64 {
+            let target = world_logits(1, first + j, previous, VOCAB);
+            let noise = world_logits(2, first + j, previous, VOCAB);
+            let draft: Vec<f32> = target.iter().zip(&noise).map(|(t, n)| t + 0.3 * n).collect();
+            let d = propose(&draft, params, 8, 5, seed, first + j);
+            scored.push(score_position(&target, params, &opts, Some((d.token, &d.proposal)), seed, first + j));
+            previous = d.token;
+            drafts.push(d);
+        }
+        if !tested_next {
+            let target = world_logits(1, first + drafted as u64, previous, VOCAB);
+            scored.push(score_position(&target, params, &opts, None, seed, first + drafted as u64));
+        }
+        tokens.extend(verify_block(mode, params.is_greedy(), seed, first, &drafts, &scored).tokens);
+    }
+    tokens.truncate(len + 1);
+    tokens
+}
+
+/// With a tested next token every position goes through the same draw, test and EASD rule
+/// whichever block it falls in, so EASD's tokens do not depend on where blocks end — what lets
+/// a pipelined loop size its blocks by timing. The bonus shape does depend on it (the bonus
+/// position skips the EASD rule), which the second half shows is not a vacuous comparison.
+#[test]
+fn easd_with_a_tested_next_token_does_not_depend_on_where_blocks_end() {
+    let mode = Mode::Easd(EasdParams { tau_draft: 0.9, tau_target: 0.9, rho: 0.2, ..EasdParams::default() });
+    let cut_patterns: [&[usize]; 4] = [&[4], &[1], &[2, 5, 1, 3], &[7, 0, 2]];
+    let mut bonus_differs = 0;
+    let mut runs = 0;
+    for params in [SamplingParams::greedy(), SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0 }] {
+        for seed in 0..20 {
+            runs += 1;
+            let reference = generate(&mode, &params, seed, cut_patterns[0], true, 40);
+            for cuts in &cut_patterns[1..] {
+                assert_eq!(generate(&mode, &params, seed, cuts, true, 40), reference, "seed {seed} cuts {cuts:?}");
+            }
+            let bonus = generate(&mode, &params, seed, cut_patterns[0], false, 40);
+            if cut_patterns[1..].iter().any(|cuts| generate(&mode, &params, seed, cuts, false, 40) != bonus) {
+                bonus_differs += 1;
+            }
+        }
+    }
+    assert!(bonus_differs > runs / 4, "the bonus shape differed in only {bonus_differs} of {runs} runs");
+}
