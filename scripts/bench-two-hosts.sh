@@ -4,17 +4,15 @@
 # between it and the coordinator. Greedy, k = 4. For each one-way delay it reports tok/s of: the target alone, sd
 # with the sequential loop, sd pipelined with blocks of k (`sd-fixed`: a coordinator started with --max-block k),
 # sd pipelined with growing blocks (`sd-pipe`: up to MAX_BLOCK, at least the adaptive floor — the coordinator's
-# defaults), easd pipelined (growing blocks like sd-pipe: easd blocks end with a tested next token, so their tokens do
-# not depend on where blocks end) and, when asked for, `sd-grow` (growing blocks of at least k: a coordinator started
-# with --adaptive-blocks false), `easd-fixed` (pipelined, blocks of k) and easd sequential — and whether each
-# pipelined run produced the token ids of the sequential run of its mode.
+# defaults), easd pipelined (blocks of k) and, when asked for, `sd-grow` (growing blocks of at least k: a coordinator
+# started with --adaptive-blocks false) and easd sequential — and whether each pipelined run produced the token ids
+# of the sequential run of its mode.
 #
 # Usage: scripts/bench-two-hosts.sh [out.tsv]
 #   DELAYS="0 1 5"         one-way delays (ms) for the pencil question
 #   GSM8K_DELAYS="1"        one-way delays for the GSM8K prompts (lines GSM8K_LINES of the train split)
 #   GSM8K_LINES="2000,2004" MAX_TOKENS=256 K=4 MAX_BLOCK=8 MODES="target sd-seq sd-fixed sd-pipe easd-pipe"
-#                           (also: sd-grow, easd-fixed, and easd-seq, run before the other easd modes so that they
-#                           are compared with it)
+#                           (also: sd-grow, and easd-seq, run before easd-pipe so that the two are compared)
 #   BIN_DIR=target/release  (easd, easd-draft, easd-verifier, easd-coordinator)
 #   DRAFT_HEAD_VOCAB=0      the draft scores only N ids and the special tokens (0: the whole vocabulary): the first
 #                           N of DRAFT_HEAD_RANKING (a file of ids, most frequent first), else the lowest ids
@@ -101,7 +99,8 @@ run_delay() { # delay question-indices…
       local mode=${m%-*} pipeline=true url="http://127.0.0.1:$cp"
       case $m in *-seq) pipeline=false ;; esac
       [ "$m" = target ] && mode=target
-      case $m in *-fixed) url="http://127.0.0.1:$fp" ;; *-grow) url="http://127.0.0.1:$gp" ;; esac
+      [ "$m" = sd-fixed ] && url="http://127.0.0.1:$fp"
+      [ "$m" = sd-grow ] && url="http://127.0.0.1:$gp"
       local file="$log/$delay-$name-$m.json"
       ask "$url" "$mode" "$pipeline" "$question" "$file"
       python3 - "$file" "$log/$delay-$name-$mode-seq.json" "$delay" "$name" "$m" >>"$out" <<'PY'
@@ -142,7 +141,7 @@ for r in rows:
     a = agg[(r["delay_ms"], group, r["mode"])]
     a[0] += int(r["tokens"]); a[1] += float(r["wall_s"])
 tps = {key: n / s for key, (n, s) in agg.items() if s > 0}
-modes = ["target", "sd-seq", "sd-fixed", "sd-grow", "sd-pipe", "easd-seq", "easd-fixed", "easd-pipe"]
+modes = ["target", "sd-seq", "sd-fixed", "sd-grow", "sd-pipe", "easd-seq", "easd-pipe"]
 print("\ndelay  group   " + "  ".join(f"{m:>9}" for m in modes) + "  fixed/seq    grow/seq   pipe/seq    easd/sd")
 for delay, group in sorted({(d, g) for d, g, _ in tps}, key=lambda x: (x[1], float(x[0]))):
     v = {m: tps.get((delay, group, m)) for m in modes}
@@ -152,7 +151,7 @@ for delay, group in sorted({(d, g) for d, g, _ in tps}, key=lambda x: (x[1], flo
           + f"  {ratio(v['sd-fixed'], v['sd-seq'])}  {ratio(v['sd-grow'], v['sd-seq'])}  {ratio(v['sd-pipe'], v['sd-seq'])}"
           + f"  {ratio(v['easd-pipe'], v['sd-pipe'])}")
 print()
-for mode, kinds in (("sd", ("sd-fixed", "sd-grow", "sd-pipe")), ("easd", ("easd-fixed", "easd-pipe"))):
+for mode, kinds in (("sd", ("sd-fixed", "sd-grow", "sd-pipe")), ("easd", ("easd-pipe",))):
     same = [r["same_tokens_as_seq"] for r in rows if r["mode"] in kinds and r["same_tokens_as_seq"] != "-"]
     if same:
         print(f"pipelined {mode} same token ids as sequential {mode}: {same.count('yes')}/{len(same)}")
