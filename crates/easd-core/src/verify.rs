@@ -154,9 +154,12 @@ fn bonus_only(t: &TargetPosition) -> BlockOutcome {
     BlockOutcome { tokens: vec![t.sample_token], accepted: 0, rejection: None, bonus: true }
 }
 
-/// Checks the block shapes verify_block takes: one more target position than drafts (a bonus) or as many (a tested
-/// next token), and 1..=MAX_BLOCK_SIZE fed drafts (0 allowed in target mode, or before a tested next token).
+/// Checks the block shapes verify_block takes: 1..=MAX_BLOCK_SIZE drafts (0 allowed in target
+/// mode) and one more target position than drafts (a bonus) or as many (a tested next token).
 pub fn check_block(draft: &[DraftToken], target: &[TargetPosition]) -> Result<(), crate::ParamError> {
+    if !draft.is_empty() {
+        crate::validate_block_size(draft.len())?;
+    }
     let tested_next = !draft.is_empty() && target.len() == draft.len();
     if target.len() != draft.len() + 1 && !tested_next {
         let with_next =
@@ -170,10 +173,6 @@ pub fn check_block(draft: &[DraftToken], target: &[TargetPosition]) -> Result<()
                 target.len()
             ),
         });
-    }
-    let fed = draft.len() - usize::from(tested_next);
-    if fed > 0 {
-        crate::validate_block_size(fed)?;
     }
     Ok(())
 }
@@ -385,11 +384,6 @@ mod tests {
         );
         assert!(check_block(&drafts[..1], &targets).is_ok());
         assert!(check_block(&drafts[..2], &targets).is_ok());
-        // A full block of fed drafts may end with a tested next token.
-        let full: Vec<_> = (0..=crate::MAX_BLOCK_SIZE as u32).map(|t| draft(t, 0.0, &top)).collect();
-        let scored: Vec<_> = full.iter().map(|_| target(1.0, 0.0, &top)).collect();
-        assert!(check_block(&full, &scored).is_ok());
-        assert!(check_block(&full, &[scored.clone(), vec![target(1.0, 0.0, &top)]].concat()).is_err());
         // Only the drafts that have a target position are verified.
         let out = verify_block(&Mode::Sd, false, 1, 0, &drafts, &targets);
         assert_eq!((out.tokens, out.bonus), (vec![1, 2], false));

@@ -40,13 +40,12 @@ pub fn validate_id(field: &'static str, id: &str) -> Result<(), ServerError> {
 }
 
 /// The largest `Propose`/`Verify` request a worker with this context length needs to decode: a full context of
-/// token ids (`new_tokens` with `full_context`) plus a block of [`MAX_BLOCK_SIZE`] drafted tokens and a tested next
-/// one, each with a proposal of [`MAX_PROPOSAL_SUPPORT`] (id, probability) pairs. 486,464 bytes for a 32,768-token
-/// context.
+/// token ids (`new_tokens` with `full_context`) plus a block of [`MAX_BLOCK_SIZE`] drafted tokens, each with a
+/// proposal of [`MAX_PROPOSAL_SUPPORT`] (id, probability) pairs. 477,184 bytes for a 32,768-token context.
 pub fn worker_max_message_bytes(context_length: usize) -> usize {
     let context = MAX_VARINT32_BYTES * context_length;
     let proposal = MAX_PROPOSAL_SUPPORT * (MAX_VARINT32_BYTES + 4) + 64;
-    context + (MAX_BLOCK_SIZE + 1) * proposal + ENVELOPE_BYTES
+    context + MAX_BLOCK_SIZE * proposal + ENVELOPE_BYTES
 }
 
 /// The largest `Generate` request the coordinator needs to decode. A legal prompt has fewer tokens than the context
@@ -83,7 +82,7 @@ mod tests {
         use easd_proto::v1 as pb;
         use prost::Message;
         let context = 32_768;
-        assert_eq!(worker_max_message_bytes(context), 486_464, "the number in the docs");
+        assert_eq!(worker_max_message_bytes(context), 477_184, "the number in the docs");
         let id = "s".repeat(MAX_ID_CHARS);
         let claim = || Some(pb::PrefixClaim { length: u32::MAX, hash: u64::MAX });
         let sampling = || Some(pb::SamplingParams { temperature: 1.0, top_k: u32::MAX, top_p: 0.5, seed: u64::MAX });
@@ -94,12 +93,11 @@ mod tests {
             claim: claim(),
             new_tokens: vec![u32::MAX; context],
             full_context: true,
-            block: vec![pb::DraftedToken { token: u32::MAX, proposal: Some(proposal.clone()) }; MAX_BLOCK_SIZE],
+            block: vec![pb::DraftedToken { token: u32::MAX, proposal: Some(proposal) }; MAX_BLOCK_SIZE],
             sampling: sampling(),
             top_n: u32::MAX,
             penalty_alpha: 0.5,
             logprobs: u32::MAX,
-            next: Some(pb::DraftedToken { token: u32::MAX, proposal: Some(proposal) }),
         };
         assert!(verify.encoded_len() <= worker_max_message_bytes(context), "{}", verify.encoded_len());
         let propose = pb::ProposeRequest {

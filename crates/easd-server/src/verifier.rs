@@ -58,19 +58,17 @@ impl Verifier for VerifierService {
             logprobs: req.logprobs as usize,
         };
         let vocab = self.worker.model.info().vocab_size;
-        let drafted = |d: &pb::DraftedToken, field: &'static str, proposal: &'static str| {
+        let mut block = Vec::with_capacity(req.block.len());
+        for d in &req.block {
             if d.token as usize >= vocab {
                 return Err(ServerError::invalid(
-                    field,
+                    "block",
                     format!("token id {} is outside the vocabulary (size {vocab})", d.token),
-                ));
+                )
+                .into());
             }
-            Ok((d.token, sparse_from_pb(d.proposal.as_ref(), proposal)?))
-        };
-        let block =
-            req.block.iter().map(|d| drafted(d, "block", "block.proposal")).collect::<Result<Vec<_>, ServerError>>()?;
-        // The draft's next token is scored at the position after the block but not fed.
-        let next = req.next.as_ref().map(|d| drafted(d, "next", "next.proposal")).transpose()?;
+            block.push((d.token, sparse_from_pb(d.proposal.as_ref(), "block.proposal")?));
+        }
         let (session, claim) = self.worker.open_session(
             &req.session_id,
             req.claim.as_ref(),
@@ -82,8 +80,7 @@ impl Verifier for VerifierService {
         let mut feed = req.new_tokens.clone();
         feed.extend(block.iter().map(|(t, _)| *t));
         let (reply, scored) = oneshot::channel();
-        // Row n-1 predicts the first block position; the last row is the position after the block (the bonus
-        // position, or where `next` is tested): the block's rows + 1.
+        // Row n-1 predicts the first block position; the last row is the bonus position: the block's rows + 1.
         let job =
             VerifyJob { session_id: req.session_id.clone(), claim, feed, rows: block.len() + 1, reply: Some(reply) };
         self.worker.submit(Ticket::new(session, &req.session_id, job.feed.len(), Box::new(job))).await?;
@@ -92,7 +89,7 @@ impl Verifier for VerifierService {
         let response = blocking(move || {
             let positions = (0..=block.len())
                 .map(|j| {
-                    let drafted = block.get(j).or(next.as_ref()).map(|(t, q)| (*t, q));
+                    let drafted = block.get(j).map(|(t, q)| (*t, q));
                     let p =
                         score_position(scored.logits.row(j), &params, &opts, drafted, seed, first_position + j as u64);
                     target_position_to_pb(&p)

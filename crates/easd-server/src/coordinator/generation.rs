@@ -4,32 +4,24 @@
 //! computed from them ([`super::pinned`]), so a worker that lost or diverged from the session is detected and re-fed
 //! the full context. The loop talks to the two sides through [`DraftSide`] and [`VerifierSide`].
 //!
-//! **Tested next token** (`easd`, sequential or pipelined): a block of k fed tokens ends with the draft's next token,
-//! which the verifier scores at the position after the block (not fed) and the decision tests like any drafted one
-//! (`easd_core::verify_block`), instead of emitting a bonus. Every position then meets the same draw, SD test and
-//! EASD rule wherever blocks end — a bonus position would skip the rule — so `easd` tokens do not depend on block
-//! boundaries, and pipelined `easd` may size its blocks by timing. It costs one draft forward a block.
-//!
 //! **Pipelined loop** (DESIGN §3.4; sd and easd, on unless the coordinator or the request turns it off): while the
-//! verifier scores block i, the draft drafts from the committed prefix + block i (+ its own next token, its guess of
-//! the bonus, where the block has no tested next token) and then block i+1. If block i is kept whole (and the
-//! target's bonus equals the guess), the committed tokens are exactly the context block i+1 was drafted from, so it
-//! is the block the sequential loop would have drafted (every draw is keyed by seed, position and purpose, DESIGN
-//! §2.4): it is verified next, with the draft already drafting ahead again. Anything else cancels the pre-draft, and
-//! drafting restarts from the corrected prefix. Same blocks, same verifier calls, same decisions: same tokens; only
-//! the timing changes.
+//! verifier scores block i, the draft drafts from the committed prefix + block i + its own next token — its guess of
+//! the bonus — and then block i+1. If block i is accepted whole and the target's bonus equals the guess, the committed
+//! tokens are exactly the context block i+1 was drafted from, so it is the block the sequential loop would have
+//! drafted (every draw is keyed by seed, position and purpose, DESIGN §2.4): it is verified next, with the draft
+//! already drafting ahead again. Anything else cancels the pre-draft, and drafting restarts from the corrected
+//! prefix. Same blocks, same verifier calls, same decisions: same tokens; only the timing changes.
 //!
-//! **Flexible blocks** (pipelined greedy `sd` and `easd`, with `max_k` > `k`): the draft is asked for up to `max_k`
-//! tokens ahead, and the next block takes what it made while the verifier was busy — at least its floor, waiting for
-//! those if need be, and past the floor only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft
-//! thus fills the verifier's time instead of idling. The least a block takes is its floor: k, or with adaptive
-//! blocks (the default) the length the session's measured costs favour ([`BlockFloor`]). In greedy `sd` the first
-//! block is empty: the verifier's prefill yields the first token while the draft, after its own prefill, drafts
-//! ahead from its guess of that token — the two prefills overlap instead of following each other (`easd`, whose
-//! first token must be tested, overlaps them in [`Generation::propose_block`]). Greedy `sd` tokens are the target's
-//! argmax whatever the blocks are (with the batch-invariant runtime, bit for bit), and `easd` tokens do not depend
-//! on them (above), so only the block boundaries and the timing change. Sampled `sd` keeps the sequential loop's
-//! blocks: where its block ends decides which position draws a bonus.
+//! **Flexible blocks** (pipelined greedy `sd` with `max_k` > `k`): the draft is asked for up to `max_k` tokens ahead,
+//! and the next block takes what it made while the verifier was busy — at least its floor, waiting for those if need
+//! be, and past the floor only while the draft is sure (entropy ≤ [`GROW_MAX_ENTROPY`]). A fast draft thus fills the
+//! verifier's time instead of idling. The least a block takes is its floor: k, or with adaptive blocks (the default)
+//! the length the session's measured costs favour ([`BlockFloor`]). And the first block is empty: the verifier's
+//! prefill yields the first token while the draft, after its own prefill, drafts ahead from its guess of that token —
+//! the two prefills overlap instead of following each other. Greedy `sd` tokens are the target's argmax whatever the
+//! blocks are (with the batch-invariant runtime, bit for bit), so only the block boundaries and the timing change.
+//! Other requests keep the sequential loop's blocks: where a block ends decides which draws a sampled position uses,
+//! and which positions are bonus positions — never tested by the EASD rule — in `easd`.
 //!
 //! Observability stays at the edges of the loop: each step runs in a `step` span (accepted, triggers), each worker
 //! call in a client span (`draft.propose`, `verify`) whose context travels in the request's metadata, and the
@@ -89,7 +81,7 @@ struct Emitted {
 enum Ahead {
     /// Not drafted (sequential loop, or no room left after this block).
     NotDrafted,
-    /// The block was kept whole (and its bonus token is the draft's guess): the pre-drafted block is the next one.
+    /// The block was kept whole and its bonus token is the draft's guess: the pre-drafted block is the next one.
     Kept(Drafted),
     /// Anything else: the pre-draft was cancelled (or its result discarded); drafting restarts from the corrected
     /// prefix, and the draft's claim rolls its cache back.
@@ -107,9 +99,7 @@ pub struct Generation<D, V> {
     prompt_len: usize,
     /// Draft the next block while the verifier scores this one (sd / easd).
     pipeline: bool,
-    /// Blocks end with the draft's next token, tested instead of a bonus (`easd`; see the module doc).
-    tested_next: bool,
-    /// Flexible blocks (see the module doc): pipelined greedy `sd` or `easd` with `plan.max_k` > `plan.k`.
+    /// Flexible blocks (see the module doc): pipelined greedy `sd` with `plan.max_k` > `plan.k`.
     flexible: bool,
     /// The adaptive floor of flexible blocks (`plan.adaptive_blocks`); without it the floor is `plan.k`.
     block_floor: Option<BlockFloor>,
@@ -136,12 +126,9 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let committed = HashedTokens::from_tokens(&plan.prompt_tokens);
         let mode_name = plan.mode.name();
         let pipeline = pipeline && matches!(plan.mode, Mode::Sd | Mode::Easd(_));
-        let tested_next = matches!(plan.mode, Mode::Easd(_));
-        let exact = matches!(plan.mode, Mode::Sd) && plan.sampling.is_greedy();
-        let flexible = pipeline && (exact || tested_next) && plan.max_k > plan.k;
+        let flexible = pipeline && matches!(plan.mode, Mode::Sd) && plan.sampling.is_greedy() && plan.max_k > plan.k;
         let block_floor = (flexible && plan.adaptive_blocks).then(|| BlockFloor::new(plan.k));
         Self {
-            tested_next,
             flexible,
             block_floor,
             prompt_len: plan.prompt_tokens.len(),
@@ -165,14 +152,9 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         if self.flexible { self.plan.max_k } else { self.plan.k }
     }
 
-    /// The fewest drafted tokens the next block feeds the verifier: the adaptive floor, else `plan.k`.
+    /// The fewest drafted tokens the next block takes: the adaptive floor, else `plan.k`.
     fn least_block(&self) -> usize {
         self.block_floor.as_ref().map_or(self.plan.k, BlockFloor::floor)
-    }
-
-    /// Drafted tokens of a block that the verifier is not fed: the tested next token, if blocks end with one.
-    fn unfed(&self) -> usize {
-        usize::from(self.tested_next)
     }
 
     fn generated(&self) -> usize {
@@ -286,7 +268,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
 
     /// The target alone: one token from an empty block's bonus position.
     async fn target_step(&mut self) -> Result<Vec<Emitted>, ServerError> {
-        let scored = self.verifier.verify(&self.committed, &[], None).await?;
+        let scored = self.verifier.verify(&self.committed, &[]).await?;
         self.stats.target_forwards += 1;
         self.stats.target_forward_s += scored.forward_s;
         self.stats.blocks += 1;
@@ -307,14 +289,12 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             return self.target_step().await;
         }
         let least = self.least_block();
-        let unfed = self.unfed();
-        let count = (least + unfed).min(room).max(1);
+        let count = least.min(room).max(1);
         let first = self.generated() == 0;
         let block = match self.ahead.take() {
             Some(block) => block,
-            // The verifier's prefill gives the first token while the draft drafts ahead from its guess of it. (A
-            // tested next token must be tested: those blocks overlap the prefills in `propose_block` instead.)
-            None if self.flexible && first && !self.tested_next => Vec::new(),
+            // The verifier's prefill gives the first token while the draft drafts ahead from its guess of it.
+            None if self.flexible && first => Vec::new(),
             None => match self.propose_block(count, first).await? {
                 Some(drafted) => {
                     self.stats.draft_forward_s += drafted.forward_s;
@@ -337,36 +317,27 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         // A flexible block's floor may have moved since it was drafted ahead.
         let fewest = if self.flexible { 1 } else { count };
         debug_assert!(
-            ((fewest..=(self.grow_to() + unfed).max(count)).contains(&block.len()) || (block.is_empty() && first))
+            ((fewest..=self.grow_to().max(count)).contains(&block.len()) || (block.is_empty() && first))
                 && block.len() <= room,
-            "a block has k tokens (flexible: up to max_k, or none at first), plus a tested next token, and fits"
+            "a block has k tokens (flexible: up to max_k, or none at first) and fits"
         );
         let first_position = self.committed.len() as u64;
         let (greedy, seed) = (self.plan.sampling.is_greedy(), self.plan.seed);
         let decide = |positions: &[TargetPosition]| verify_block(mode, greedy, seed, first_position, &block, positions);
-        let (fed, next) = match block.split_last() {
-            Some((next, fed)) if self.tested_next => (fed, Some(next)),
-            _ => (&block[..], None),
-        };
-        // Room for another block if this one is kept whole (every drafted token, and a bonus unless the block ends
-        // with a tested next token), and the drafted tokens that block may hold.
-        let after = room.saturating_sub(block.len() + 1 - unfed);
-        let next_block = (least + unfed).min(after)..=(self.grow_to() + unfed).min(after);
-        let (scored, outcome, ahead) = if self.pipeline && *next_block.start() > 0 {
-            // Without a tested next token the pre-draft starts with the draft's guess of the bonus.
-            let guess = 1 - unfed;
-            let deliver = next_block.start() + guess..=next_block.end() + guess;
-            let sides = (&mut self.draft, &mut self.verifier);
-            verify_drafting_ahead(sides, &self.committed, fed, next, deliver, decide).await?
+        // Room for another block if this one is kept whole (all accepted + the bonus).
+        let after = room.saturating_sub(block.len() + 1);
+        let ahead = least.min(after)..=self.grow_to().min(after);
+        let (scored, outcome, ahead) = if self.pipeline && *ahead.start() > 0 {
+            verify_drafting_ahead(&mut self.draft, &mut self.verifier, &self.committed, &block, ahead, decide).await?
         } else {
-            let scored = self.verifier.verify(&self.committed, fed, next).await?;
+            let scored = self.verifier.verify(&self.committed, &block).await?;
             let outcome = decide(&scored.positions);
             (scored, outcome, Ahead::NotDrafted)
         };
         self.stats.target_forwards += 1;
         self.stats.target_forward_s += scored.forward_s;
         if let Some(f) = &mut self.block_floor {
-            f.observe_verify(fed.len(), scored.forward_s);
+            f.observe_verify(block.len(), scored.forward_s);
             f.observe_block(outcome.accepted, outcome.rejection.is_some());
         }
         match ahead {
@@ -377,14 +348,13 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
                 if let (Some(f), Some((tokens, seconds))) = (&mut self.block_floor, drafted.decode_time()) {
                     f.observe_draft(tokens, seconds);
                 }
-                // Without a tested next token the first token was the guess of this block's bonus; the rest is the next
-                // block.
-                let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(1 - unfed).collect();
+                // The first token was the guess of this block's bonus; the rest is the next block.
+                let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(1).collect();
                 // Past its floor, a block grows only while the draft is sure of its tokens: each unsure token would
                 // put the next pre-draft at risk for little gain.
-                if let Some(extra) = next.get(least + unfed..) {
+                if let Some(extra) = next.get(least..) {
                     let sure = extra.iter().take_while(|d| d.entropy <= GROW_MAX_ENTROPY).count();
-                    next.truncate(least + unfed + sure);
+                    next.truncate(least + sure);
                 }
                 self.ahead = Some(next);
             }
@@ -420,10 +390,8 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         if !(self.pipeline && first) {
             return self.draft.propose(&self.committed, count, None).await;
         }
-        let (prefilled, drafted) = tokio::join!(
-            self.verifier.verify(&self.committed, &[], None),
-            self.draft.propose(&self.committed, count, None)
-        );
+        let (prefilled, drafted) =
+            tokio::join!(self.verifier.verify(&self.committed, &[]), self.draft.propose(&self.committed, count, None));
         match prefilled {
             Ok(scored) => {
                 self.stats.target_forwards += 1;
@@ -530,25 +498,24 @@ fn client_gone() -> ServerError {
     ServerError::Unavailable("the client went away".into())
 }
 
-/// Verifies a block — `fed`, then the tested `next` token if it has one — while the draft drafts the next one from
-/// the guess that the block is kept whole: the committed tokens + the block, then (without a tested next token) the
-/// draft's own next token, its guess of the bonus, drawn like any draft token at that position. `deliver` counts the
-/// tokens the pre-draft returns, that guess included. As soon as the verifier answers and the block is decided, a
-/// pre-draft that cannot be used is cancelled (the draft stops at its next token); one that can is cut where the
-/// draft has got to, once it has `deliver.start()` tokens.
+/// Verifies `block` while the draft drafts the next one from the guess that `block` is kept whole: the committed
+/// tokens + `block` + the draft's own next token (its guess of the bonus, drawn like any draft token at that
+/// position), then up to `ahead.end()` more. As soon as the verifier answers and the block is decided, a pre-draft
+/// that cannot be used is cancelled (the draft stops at its next token); one that can is cut where the draft has
+/// got to, once it has `ahead.start()` tokens.
 async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
-    (draft, verifier): (&mut D, &mut V),
+    draft: &mut D,
+    verifier: &mut V,
     committed: &HashedTokens,
-    fed: &[DraftToken],
-    next: Option<&DraftToken>,
-    deliver: RangeInclusive<usize>,
+    block: &[DraftToken],
+    ahead: RangeInclusive<usize>,
     decide: impl FnOnce(&[TargetPosition]) -> BlockOutcome,
 ) -> Result<(Scored, BlockOutcome, Ahead), ServerError> {
     let mut guessed = committed.clone();
-    guessed.extend(&fed.iter().chain(next).map(|d| d.token).collect::<Vec<_>>());
+    guessed.extend(&block.iter().map(|d| d.token).collect::<Vec<_>>());
     let cutoff = Cutoff::default();
-    let verify = verifier.verify(committed, fed, next);
-    let predraft = draft.propose(&guessed, *deliver.end(), Some(&cutoff));
+    let verify = verifier.verify(committed, block);
+    let predraft = draft.propose(&guessed, ahead.end() + 1, Some(&cutoff));
     tokio::pin!(verify, predraft);
     let mut drafted = None;
     let scored = loop {
@@ -562,7 +529,7 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
     if matches!(drafted, Some(Ok(None))) {
         return Ok((scored, outcome, Ahead::NoDraft));
     }
-    let kept_whole = outcome.rejection.is_none() && outcome.accepted == fed.len() + usize::from(next.is_some());
+    let kept_whole = outcome.bonus && outcome.accepted == block.len();
     if !kept_whole {
         let forward_s = match drafted {
             Some(Ok(Some(d))) => d.forward_s,
@@ -575,17 +542,19 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
         None => tokio::select! {
             biased;
             result = &mut predraft => result,
-            () = cutoff.arrived_at_least(*deliver.start()) => {
+            () = cutoff.arrived_at_least(ahead.start() + 1) => {
                 cutoff.stop();
                 predraft.await
             }
         },
     };
-    // A tested next token is committed as drafted; a guess of the bonus must match the bonus.
-    let guessed_right =
-        |d: &Drafted| next.is_some() || d.tokens.first().map(|t| t.token) == outcome.tokens.last().copied();
     let ahead = match result {
-        Ok(Some(d)) if d.tokens.len() >= *deliver.start() && guessed_right(&d) => Ahead::Kept(d),
+        Ok(Some(d))
+            if d.tokens.len() > *ahead.start()
+                && d.tokens.first().map(|t| t.token) == outcome.tokens.last().copied() =>
+        {
+            Ahead::Kept(d)
+        }
         Ok(Some(d)) => Ahead::Dropped { forward_s: d.forward_s },
         Ok(None) => Ahead::NoDraft,
         Err(e) => {

@@ -54,10 +54,10 @@ pub struct CoordinatorConfig {
     /// Draft the next block while the verifier scores this one, for requests that do not say (`pipeline`).
     /// Pays when draft and verifier run on separate machines; the tokens are the same either way.
     pub pipeline: bool,
-    /// How far a pipelined greedy sd or easd block may grow with what the draft made while the verifier was busy (at
-    /// least the request's k; the tokens are the same either way; sampled sd requests keep blocks of k).
+    /// How far a pipelined greedy sd block may grow with what the draft made while the verifier was busy (at least
+    /// the request's k; the tokens are the same either way; easd and sampled requests keep blocks of k).
     pub max_block: usize,
-    /// A pipelined greedy sd or easd block that may grow waits for only as many drafted tokens (1..=k) as the session's
+    /// A pipelined greedy sd block that may grow waits for only as many drafted tokens (1..=k) as the session's
     /// measured draft speed, verifier cost and acceptance favour, instead of k. The tokens are the same either way.
     pub adaptive_blocks: bool,
     /// Live sessions on a verifier replica at which greedy `sd` requests stop drafting and run the target alone

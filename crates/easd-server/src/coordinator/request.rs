@@ -30,10 +30,9 @@ pub struct Plan {
     pub logprobs: usize,
     /// Draft the next block while the verifier scores this one (sd / easd only).
     pub pipeline: bool,
-    /// Pipelined greedy `sd` and `easd` requests: a block drafted while the verifier was busy takes what the draft
-    /// made by then, up to this many tokens (at least `k`). Their tokens do not depend on where blocks end (greedy
-    /// `sd`: the target's argmax; `easd`: every position tested alike); sampled `sd` ones do, so its blocks stay at
-    /// `k`.
+    /// Pipelined greedy requests: a block drafted while the verifier was busy takes what the draft made by then, up
+    /// to this many tokens (at least `k`). Greedy tokens do not depend on where blocks end; sampled ones do, so
+    /// their blocks stay at `k`.
     pub max_k: usize,
     /// Flexible blocks (`max_k` > `k`) take at least the length the session's measured costs favour (1..=k)
     /// instead of at least `k`.
@@ -131,7 +130,7 @@ pub struct RequestDefaults {
     pub mode: ModeKind,
     pub k: usize,
     pub pipeline: bool,
-    /// How far a pipelined greedy `sd` or `easd` block may grow ([`Plan::max_k`]).
+    /// How far a pipelined greedy block may grow ([`Plan::max_k`]).
     pub max_block: usize,
     /// Flexible blocks take the length the measured costs favour ([`Plan::adaptive_blocks`]).
     pub adaptive_blocks: bool,
@@ -305,8 +304,8 @@ pub fn plan(req: pb::GenerateRequest, ctx: &PlanContext<'_>) -> Result<Plan, Ser
     }
 
     let request_id = if req.request_id.is_empty() { new_id() } else { req.request_id };
-    let may_grow = fields.sampling.is_greedy() || matches!(fields.mode, Mode::Easd(_));
-    let max_k = if may_grow { ctx.defaults.max_block.clamp(fields.k, MAX_BLOCK_SIZE) } else { fields.k };
+    let max_k =
+        if fields.sampling.is_greedy() { ctx.defaults.max_block.clamp(fields.k, MAX_BLOCK_SIZE) } else { fields.k };
     Ok(Plan {
         request_id,
         prompt_tokens,

@@ -34,8 +34,7 @@ impl Drafted {
     }
 }
 
-/// The verifier's summaries of a block's fed positions and of the position after them (the bonus position, or
-/// where the tested next token was scored).
+/// The verifier's summaries of a block's positions and of the position after it.
 #[derive(Clone, Debug)]
 pub struct Scored {
     pub positions: Vec<TargetPosition>,
@@ -102,14 +101,11 @@ pub trait DraftSide: Send {
 
 /// The verifier side of a session.
 pub trait VerifierSide: Send {
-    /// Scores `block` after `context` (the committed tokens): `block.len() + 1` positions. The last is the bonus
-    /// position, or, with a `next` token (the draft's, after the block; not fed), the position where it is scored
-    /// for its test.
+    /// Scores `block` after `context` (the committed tokens): `block.len() + 1` positions, the last the bonus one.
     fn verify(
         &mut self,
         context: &HashedTokens,
         block: &[DraftToken],
-        next: Option<&DraftToken>,
     ) -> impl Future<Output = Result<Scored, ServerError>> + Send;
 
     fn release(&mut self);
@@ -235,17 +231,13 @@ impl GrpcVerifier {
 }
 
 impl VerifierSide for GrpcVerifier {
-    async fn verify(
-        &mut self,
-        context: &HashedTokens,
-        block: &[DraftToken],
-        next: Option<&DraftToken>,
-    ) -> Result<Scored, ServerError> {
+    async fn verify(&mut self, context: &HashedTokens, block: &[DraftToken]) -> Result<Scored, ServerError> {
         let session_id = self.pin.session_id().to_owned();
         let timeout: Duration = self.pin.pool().config.call_timeout;
-        let to_pb = |d: &DraftToken| pb::DraftedToken { token: d.token, proposal: Some(sparse_to_pb(&d.proposal)) };
-        let drafted: Vec<pb::DraftedToken> = block.iter().map(to_pb).collect();
-        let next = next.map(to_pb);
+        let drafted: Vec<pb::DraftedToken> = block
+            .iter()
+            .map(|d| pb::DraftedToken { token: d.token, proposal: Some(sparse_to_pb(&d.proposal)) })
+            .collect();
         let (sampling, top_n, penalty_alpha, logprobs) = (self.sampling, self.top_n, self.penalty_alpha, self.logprobs);
         let result = self
             .pin
@@ -260,7 +252,6 @@ impl VerifierSide for GrpcVerifier {
                     top_n,
                     penalty_alpha,
                     logprobs,
-                    next: next.clone(),
                 };
                 let span =
                     tracing::info_span!("verify", otel.kind = "client", replica = %replica.url, block_len = block.len());

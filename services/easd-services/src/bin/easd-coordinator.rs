@@ -57,9 +57,9 @@ struct Args {
     /// default when draft and verifier are separate workers). The tokens are the same; requests may override it.
     #[arg(long, env = "EASD_NO_PIPELINE")]
     no_pipeline: bool,
-    /// Pipelined greedy sd and easd requests: how many tokens a block may grow to with what the draft made while the
-    /// verifier was busy (the request's k or more; set it to k to keep blocks fixed). Their tokens are the same
-    /// either way; sampled sd requests always keep blocks of k.
+    /// Pipelined greedy sd requests: how many tokens a block may grow to with what the draft made while the verifier
+    /// was busy (the request's k or more; set it to k to keep blocks fixed). Greedy sd tokens are the same either
+    /// way; easd and sampled requests always keep blocks of k.
     #[arg(long, default_value_t = easd_server::coordinator::request::DEFAULT_MAX_BLOCK)]
     max_block: usize,
     /// Growing blocks wait for only as many drafted tokens (1 to k) as the session's measured draft speed, verifier
