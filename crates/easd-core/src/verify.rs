@@ -65,15 +65,8 @@ pub fn easd_rule(
 
 /// Verifies one block: DESIGN §2.1 (lossless speculative sampling) plus §2.2 (EASD).
 ///
-/// `draft[j]` sits at absolute position `first_position + j` and `target[j]` is the verifier's
-/// summary there. A block comes in one of two shapes:
-/// * with a bonus: `target` has one more position than `draft`; `target[k]` (k = draft.len())
-///   is the position after the block, whose sample is emitted when every draft is kept;
-/// * with a tested next token: `target` has as many positions as `draft`. The last draft was
-///   not fed to the verifier (it was scored at the position after the fed block) and is tested
-///   like every other; a block kept whole ends with it and emits no bonus. The tokens this
-///   shape emits do not depend on where blocks end, which lets a pipelined loop choose block
-///   sizes by timing without changing EASD's answer (the bonus position skips the EASD rule).
+/// `draft[j]` sits at absolute position `first_position + j`; `target[j]` is the verifier's
+/// summary there and `target[k]` (k = draft.len()) is the position after the block.
 ///
 /// For j = 0..k, with x = `draft[j].token`:
 /// 1. (EASD, order `gate`) if the EASD rule fires, emit `target[j].easd_token` and stop.
@@ -87,12 +80,13 @@ pub fn easd_rule(
 ///    and stop: the rest of the block is discarded.
 /// 4. Otherwise keep x.
 ///
-/// If all k are kept and the block has a bonus position, emit the bonus `target[k].sample_token`.
-/// Modes `target` and `draft` do not speculate: `target` emits `target[0].sample_token` as a
-/// bonus; `draft` keeps every draft token (or, with an empty draft, behaves as `target`).
+/// If all k are kept, emit the bonus `target[k].sample_token`. Modes `target` and `draft` do
+/// not speculate: `target` emits `target[0].sample_token` as a bonus; `draft` keeps every
+/// draft token (or, with an empty draft, behaves as `target`).
 ///
-/// [`check_block`] checks the shape. Bad input never panics: only drafts that have a target
-/// position are verified, and an empty `target` yields an empty outcome.
+/// Precondition target.len() == draft.len() + 1 (checked by [`check_block`]); with fewer
+/// target positions only the drafts that have a following position are verified, and an
+/// empty `target` yields an empty outcome, so bad input never panics.
 pub fn verify_block(
     mode: &Mode,
     greedy: bool,
@@ -101,10 +95,10 @@ pub fn verify_block(
     draft: &[DraftToken],
     target: &[TargetPosition],
 ) -> BlockOutcome {
-    if target.is_empty() {
+    let Some(k) = target.len().checked_sub(1) else {
         return BlockOutcome { tokens: Vec::new(), accepted: 0, rejection: None, bonus: false };
-    }
-    let draft = &draft[..draft.len().min(target.len())];
+    };
+    let draft = &draft[..draft.len().min(k)];
     let easd = match mode {
         Mode::Sd => None,
         Mode::Easd(p) => Some(p),
@@ -143,10 +137,7 @@ pub fn verify_block(
         tokens.push(x);
     }
     let accepted = tokens.len();
-    let Some(bonus) = target.get(accepted) else {
-        return BlockOutcome { tokens, accepted, rejection: None, bonus: false };
-    };
-    tokens.push(bonus.sample_token);
+    tokens.push(target[accepted].sample_token);
     BlockOutcome { tokens, accepted, rejection: None, bonus: true }
 }
 
@@ -154,20 +145,17 @@ fn bonus_only(t: &TargetPosition) -> BlockOutcome {
     BlockOutcome { tokens: vec![t.sample_token], accepted: 0, rejection: None, bonus: true }
 }
 
-/// Checks the block shapes verify_block takes: 1..=MAX_BLOCK_SIZE drafts (0 allowed in target
-/// mode) and one more target position than drafts (a bonus) or as many (a tested next token).
+/// Checks the block shape verify_block expects: 1..=MAX_BLOCK_SIZE drafts (0 allowed in
+/// target mode) and exactly one more target position than drafts.
 pub fn check_block(draft: &[DraftToken], target: &[TargetPosition]) -> Result<(), crate::ParamError> {
     if !draft.is_empty() {
         crate::validate_block_size(draft.len())?;
     }
-    let tested_next = !draft.is_empty() && target.len() == draft.len();
-    if target.len() != draft.len() + 1 && !tested_next {
-        let with_next =
-            if draft.is_empty() { String::new() } else { format!(" (or {}, with a tested next token)", draft.len()) };
+    if target.len() != draft.len() + 1 {
         return Err(crate::ParamError {
             field: "target",
             reason: format!(
-                "expected {} target positions{with_next} for {} drafted tokens, got {}",
+                "expected {} target positions for {} drafted tokens, got {}",
                 draft.len() + 1,
                 draft.len(),
                 target.len()
@@ -343,50 +331,18 @@ mod tests {
     }
 
     #[test]
-    fn a_tested_next_token_is_tested_like_any_drafted_one_and_leaves_no_bonus() {
-        let top = [10, 11, 12, 13, 14];
-        let drafts = [draft(1, 0.0, &top), draft(2, 0.0, &top), draft(X, 2.0, &top)];
-        let calm: Vec<_> = (0..3).map(|_| target(1.0, 0.0, &top)).collect();
-        // Kept whole: the block ends with the tested token, no bonus.
-        for mode in [Mode::Sd, easd(Order::AfterSd)] {
-            let out = verify_block(&mode, false, 1, 0, &drafts, &calm);
-            assert_eq!((out.tokens, out.accepted, out.rejection, out.bonus), (vec![1, 2, X], 3, None, false));
-        }
-        // The SD test rejects it: the residual takes its place.
-        let mut rejected = calm.clone();
-        rejected[2].draft_token_prob = 0.0;
-        let out = verify_block(&Mode::Sd, false, 1, 0, &drafts, &rejected);
-        assert_eq!((out.tokens, out.rejection), (vec![1, 2, 20], Some(Rejection::Sd { index: 2 })));
-        // The EASD rule fires on it, where a bonus position would have skipped the rule.
-        let mut uncertain = calm.clone();
-        uncertain[2].entropy = 2.0;
-        let out = verify_block(&easd(Order::AfterSd), false, 1, 0, &drafts, &uncertain);
-        assert_eq!(out.tokens, vec![1, 2, 30]);
-        assert!(out.easd_triggered() && !out.bonus);
-        let mut with_bonus = uncertain.clone();
-        with_bonus.push(target(1.0, 2.0, &top));
-        let out = verify_block(&easd(Order::AfterSd), false, 1, 0, &drafts[..2], &with_bonus[..3]);
-        assert_eq!((out.tokens, out.bonus), (vec![1, 2, 40], true));
-    }
-
-    #[test]
     fn malformed_blocks_are_reported_and_never_panic() {
         let top = [10, 11, 12, 13, 14];
-        let drafts = [draft(1, 0.0, &top), draft(2, 0.0, &top), draft(3, 0.0, &top)];
+        let drafts = [draft(1, 0.0, &top), draft(2, 0.0, &top)];
         let targets = [target(1.0, 0.0, &top), target(1.0, 0.0, &top)];
         assert_eq!(
             check_block(&drafts, &targets).unwrap_err().to_string(),
-            "invalid target: expected 4 target positions (or 3, with a tested next token) for 3 drafted tokens, got 2"
-        );
-        assert_eq!(
-            check_block(&[], &targets).unwrap_err().to_string(),
-            "invalid target: expected 1 target positions for 0 drafted tokens, got 2"
+            "invalid target: expected 3 target positions for 2 drafted tokens, got 2"
         );
         assert!(check_block(&drafts[..1], &targets).is_ok());
-        assert!(check_block(&drafts[..2], &targets).is_ok());
-        // Only the drafts that have a target position are verified.
+        // One draft verified against the one position that has a successor.
         let out = verify_block(&Mode::Sd, false, 1, 0, &drafts, &targets);
-        assert_eq!((out.tokens, out.bonus), (vec![1, 2], false));
+        assert_eq!(out.tokens, vec![1, 40]);
         let empty = verify_block(&Mode::Sd, false, 1, 0, &drafts, &[]);
         assert!(empty.tokens.is_empty());
     }
