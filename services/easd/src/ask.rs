@@ -239,6 +239,7 @@ pub fn answer_json(a: &Answer) -> serde_json::Value {
         "note": s.note,
         "pipelined": s.pipelined,
         "predrafts_kept": s.predrafts_kept,
+        "corrections_kept": s.corrections_kept,
         "predrafts_dropped": s.predrafts_dropped,
     });
     if !a.logprobs.is_empty() {

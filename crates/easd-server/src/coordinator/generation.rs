@@ -64,6 +64,8 @@ struct Stats {
     draft_forward_s: f64,
     target_forward_s: f64,
     predrafts_kept: u32,
+    /// Of `predrafts_kept`, those drafted for a correction ([`Bet::Correction`]).
+    corrections_kept: u32,
     predrafts_dropped: u32,
     /// Steps run by the target alone because the verifier was busy with other sessions.
     unspeculated: u32,
@@ -77,12 +79,24 @@ struct Emitted {
     target: Option<Arc<TargetPosition>>,
 }
 
+/// The outcome of a block that the pipelined loop drafts the next block for, while the block is verified.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Bet {
+    /// The block is kept whole: the pre-draft continues the block with the draft's guess of the bonus, then the next
+    /// block.
+    Whole,
+    /// The block's drafted token `at` is rejected (SD test or EASD rule) and replaced by `token`, the draft's own next
+    /// choice there, after every token before it was accepted: the pre-draft is the next block after that correction.
+    Correction { at: usize, token: u32 },
+}
+
 /// The next block, when the pipelined loop drafted it while the previous one was being verified.
 enum Ahead {
     /// Not drafted (sequential loop, or no room left after this block).
     NotDrafted,
-    /// The block was kept whole and its bonus token is the draft's guess: the pre-drafted block is the next one.
-    Kept(Drafted),
+    /// The bet came true (kept whole with the bonus guessed right, or the correction it named): the pre-drafted
+    /// tokens after the guess, if any, are the next block.
+    Kept(Drafted, Bet),
     /// Anything else: the pre-draft was cancelled (or its result discarded); drafting restarts from the corrected
     /// prefix, and the draft's claim rolls its cache back.
     Dropped { forward_s: f64 },
@@ -155,6 +169,21 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
     /// The fewest drafted tokens the next block takes: the adaptive floor, else `plan.k`.
     fn least_block(&self) -> usize {
         self.block_floor.as_ref().map_or(self.plan.k, BlockFloor::floor)
+    }
+
+    /// What the pre-draft of `block` bets on. In `easd` the EASD rule can fire only where the draft's entropy reaches
+    /// τ_draft, and fires there often (both models unsure, agreeing on their candidates); where it fires, or the SD
+    /// test rejects, the target's replacement is usually the draft's own next choice. So a block with such a
+    /// position bets on that correction at the first of them; any other block on being kept whole.
+    fn bet(&self, block: &[DraftToken]) -> Bet {
+        let Mode::Easd(params) = &self.plan.mode else { return Bet::Whole };
+        let Some((at, weak)) = block.iter().enumerate().find(|(_, d)| d.entropy >= params.tau_draft) else {
+            return Bet::Whole;
+        };
+        match weak.top_n.iter().find(|&&t| t != weak.token) {
+            Some(&token) => Bet::Correction { at, token },
+            None => Bet::Whole,
+        }
     }
 
     fn generated(&self) -> usize {
@@ -324,11 +353,18 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         let first_position = self.committed.len() as u64;
         let (greedy, seed) = (self.plan.sampling.is_greedy(), self.plan.seed);
         let decide = |positions: &[TargetPosition]| verify_block(mode, greedy, seed, first_position, &block, positions);
-        // Room for another block if this one is kept whole (all accepted + the bonus).
-        let after = room.saturating_sub(block.len() + 1);
+        // Room for another block if the bet comes true (kept whole: all accepted + the bonus; a correction at j: j
+        // accepted + the correction), and the tokens that block may hold.
+        let bet = self.bet(&block);
+        let emitted = match bet {
+            Bet::Whole => block.len() + 1,
+            Bet::Correction { at, .. } => at + 1,
+        };
+        let after = room.saturating_sub(emitted);
         let ahead = least.min(after)..=self.grow_to().min(after);
         let (scored, outcome, ahead) = if self.pipeline && *ahead.start() > 0 {
-            verify_drafting_ahead(&mut self.draft, &mut self.verifier, &self.committed, &block, ahead, decide).await?
+            let sides = (&mut self.draft, &mut self.verifier);
+            verify_drafting_ahead(sides, &self.committed, &block, bet, ahead, decide).await?
         } else {
             let scored = self.verifier.verify(&self.committed, &block).await?;
             let outcome = decide(&scored.positions);
@@ -342,14 +378,16 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         }
         match ahead {
             Ahead::NotDrafted => {}
-            Ahead::Kept(drafted) => {
+            Ahead::Kept(drafted, bet) => {
                 self.stats.predrafts_kept += 1;
+                self.stats.corrections_kept += u32::from(bet != Bet::Whole);
                 self.stats.draft_forward_s += drafted.forward_s;
                 if let (Some(f), Some((tokens, seconds))) = (&mut self.block_floor, drafted.decode_time()) {
                     f.observe_draft(tokens, seconds);
                 }
-                // The first token was the guess of this block's bonus; the rest is the next block.
-                let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(1).collect();
+                // Betting on a block kept whole, the first token was the guess of its bonus; the rest is the next block.
+                let guess = usize::from(bet == Bet::Whole);
+                let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(guess).collect();
                 // Past its floor, a block grows only while the draft is sure of its tokens: each unsure token would
                 // put the next pre-draft at risk for little gain.
                 if let Some(extra) = next.get(least..) {
@@ -489,6 +527,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
             request_id: self.plan.request_id.clone(),
             pipelined: self.pipeline,
             predrafts_kept: s.predrafts_kept,
+            corrections_kept: s.corrections_kept,
             predrafts_dropped: s.predrafts_dropped,
         }
     }
@@ -498,24 +537,30 @@ fn client_gone() -> ServerError {
     ServerError::Unavailable("the client went away".into())
 }
 
-/// Verifies `block` while the draft drafts the next one from the guess that `block` is kept whole: the committed
+/// Verifies `block` while the draft drafts the next one for the outcome `bet` names. Kept whole: from the committed
 /// tokens + `block` + the draft's own next token (its guess of the bonus, drawn like any draft token at that
-/// position), then up to `ahead.end()` more. As soon as the verifier answers and the block is decided, a pre-draft
-/// that cannot be used is cancelled (the draft stops at its next token); one that can is cut where the draft has
-/// got to, once it has `ahead.start()` tokens.
+/// position), then up to `ahead.end()` more. A correction at j: from the committed tokens + `block[..j]` + the
+/// correction, up to `ahead.end()` tokens. As soon as the verifier answers and the block is decided, a pre-draft that
+/// cannot be used is cancelled (the draft stops at its next token); one that can is cut where the draft has got to,
+/// once it has `ahead.start()` tokens of the next block.
 async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
-    draft: &mut D,
-    verifier: &mut V,
+    (draft, verifier): (&mut D, &mut V),
     committed: &HashedTokens,
     block: &[DraftToken],
+    bet: Bet,
     ahead: RangeInclusive<usize>,
     decide: impl FnOnce(&[TargetPosition]) -> BlockOutcome,
 ) -> Result<(Scored, BlockOutcome, Ahead), ServerError> {
+    let drafted_tokens = |n: usize| block[..n].iter().map(|d| d.token).collect::<Vec<_>>();
+    let (bet_on, guess) = match bet {
+        Bet::Whole => (drafted_tokens(block.len()), 1),
+        Bet::Correction { at, token } => ([drafted_tokens(at), vec![token]].concat(), 0),
+    };
     let mut guessed = committed.clone();
-    guessed.extend(&block.iter().map(|d| d.token).collect::<Vec<_>>());
+    guessed.extend(&bet_on);
     let cutoff = Cutoff::default();
     let verify = verifier.verify(committed, block);
-    let predraft = draft.propose(&guessed, ahead.end() + 1, Some(&cutoff));
+    let predraft = draft.propose(&guessed, ahead.end() + guess, Some(&cutoff));
     tokio::pin!(verify, predraft);
     let mut drafted = None;
     let scored = loop {
@@ -529,8 +574,14 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
     if matches!(drafted, Some(Ok(None))) {
         return Ok((scored, outcome, Ahead::NoDraft));
     }
-    let kept_whole = outcome.bonus && outcome.accepted == block.len();
-    if !kept_whole {
+    let came_true = match bet {
+        Bet::Whole => outcome.bonus && outcome.accepted == block.len(),
+        // Rejected at `at` with everything before kept, and replaced by the correction bet on.
+        Bet::Correction { at, token } => {
+            outcome.rejection.is_some() && outcome.accepted == at && outcome.tokens.last() == Some(&token)
+        }
+    };
+    if !came_true {
         let forward_s = match drafted {
             Some(Ok(Some(d))) => d.forward_s,
             _ => 0.0,
@@ -542,19 +593,17 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
         None => tokio::select! {
             biased;
             result = &mut predraft => result,
-            () = cutoff.arrived_at_least(ahead.start() + 1) => {
+            () = cutoff.arrived_at_least(ahead.start() + guess) => {
                 cutoff.stop();
                 predraft.await
             }
         },
     };
+    // Betting on a block kept whole, the draft's guess must be the bonus.
+    let guessed_right =
+        |d: &Drafted| bet != Bet::Whole || d.tokens.first().map(|t| t.token) == outcome.tokens.last().copied();
     let ahead = match result {
-        Ok(Some(d))
-            if d.tokens.len() > *ahead.start()
-                && d.tokens.first().map(|t| t.token) == outcome.tokens.last().copied() =>
-        {
-            Ahead::Kept(d)
-        }
+        Ok(Some(d)) if d.tokens.len() >= ahead.start() + guess && guessed_right(&d) => Ahead::Kept(d, bet),
         Ok(Some(d)) => Ahead::Dropped { forward_s: d.forward_s },
         Ok(None) => Ahead::NoDraft,
         Err(e) => {

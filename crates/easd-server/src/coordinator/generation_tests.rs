@@ -25,6 +25,12 @@ fn draft_next(context: &[u32], disagree: &BTreeSet<usize>) -> u32 {
     if disagree.contains(&context.len()) { 97 + (t - 97 + 1) % 26 } else { t }
 }
 
+/// The fake target's EASD replacement for a drafted `x` (its best token other than `x`), which is also the fake draft's
+/// second choice wherever it drafted `x`.
+fn second_choice(x: u32) -> u32 {
+    97 + (x - 97 + 3) % 26
+}
+
 /// What the target alone generates greedily from the prompt.
 fn target_alone(n: usize) -> Vec<u32> {
     let mut context = PROMPT.to_vec();
@@ -117,7 +123,7 @@ impl DraftSide for FakeDraft {
                 token,
                 proposal: SparseDist { ids: vec![token], probs: vec![1.0] },
                 entropy,
-                top_n: vec![token],
+                top_n: vec![token, second_choice(token)],
             });
             ctx.push(token);
             if let Some(c) = cutoff {
@@ -178,7 +184,7 @@ impl VerifierSide for FakeVerifier {
                 entropy: entropy_at(ctx.len()),
                 top_n: vec![best],
                 residual_token: drafted.map(|_| best),
-                easd_token: drafted.map(|x| 97 + (x - 97 + 3) % 26),
+                easd_token: drafted.map(second_choice),
                 sample_token: best,
                 top_logprobs: vec![],
                 candidate_logprobs: vec![],
@@ -461,6 +467,26 @@ async fn a_stale_predraft_is_dropped_when_the_bonus_is_not_the_drafts_guess() {
     assert_eq!((s.predrafts_kept, s.predrafts_dropped), (1, 1), "{s:?}");
     // Drafting restarted from the corrected prefix: prompt + block + the target's bonus.
     assert!(run.events.contains(&Event::Propose { context_len: 8, count: 4 }), "{:?}", run.events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_easd_block_with_a_weak_position_keeps_the_block_drafted_for_its_correction() {
+    // The rule fires wherever both fakes are unsure (every fifth position), and the target's replacement there is the
+    // draft's second choice: a block holding such a position bets on that correction, and the bet comes true.
+    let eager = EasdParams { tau_draft: 0.5, tau_target: 0.5, rho: 0.0, top_n: 1, ..EasdParams::default() };
+    for k in [2, 3, 4, 6] {
+        let script = Script { mode: Mode::Easd(eager.clone()), k, max_tokens: 60, ..Script::default() };
+        let (sequential, pipelined) = both(&script).await;
+        let (s, p) = (sequential.summary(), pipelined.summary());
+        assert!(s.easd_triggers > 0, "k {k}");
+        assert!(p.corrections_kept > 0 && p.corrections_kept <= p.predrafts_kept, "k {k}: {p:?}");
+        assert!(pipelined.elapsed < sequential.elapsed);
+    }
+    // Where the SD test rejects instead and the target's token is not the draft's second choice, the bet is lost.
+    let script = Script { mode: Mode::Easd(eager), disagree: every(5, 5), max_tokens: 30, ..Script::default() };
+    let (_, pipelined) = both(&script).await;
+    assert_eq!(pipelined.summary().corrections_kept, 0);
+    assert!(pipelined.summary().predrafts_dropped > 0);
 }
 
 #[tokio::test(start_paused = true)]
