@@ -10,7 +10,9 @@
 //! tokens are exactly the context block i+1 was drafted from, so it is the block the sequential loop would have
 //! drafted (every draw is keyed by seed, position and purpose, DESIGN §2.4): it is verified next, with the draft
 //! already drafting ahead again. Anything else cancels the pre-draft, and drafting restarts from the corrected
-//! prefix. Same blocks, same verifier calls, same decisions: same tokens; only the timing changes.
+//! prefix. Same blocks, same verifier calls, same decisions: same tokens; only the timing changes. In `easd` a block
+//! holding a position where the EASD rule can fire bets on a correction there instead ([`Bet`]): its pre-draft
+//! starts after the draft's second choice at that position, and is kept when the target emits exactly that.
 //!
 //! **Flexible blocks** (pipelined greedy `sd` with `max_k` > `k`): the draft is asked for up to `max_k` tokens ahead,
 //! and the next block takes what it made while the verifier was busy — at least its floor, waiting for those if need
