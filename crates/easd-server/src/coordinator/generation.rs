@@ -92,13 +92,38 @@ enum Bet {
     Correction { at: usize, token: u32 },
 }
 
+impl Bet {
+    /// Tokens the block emits if the bet comes true: all drafted + the bonus, or those before `at` + the correction.
+    fn emits(self, block_len: usize) -> usize {
+        match self {
+            Bet::Whole => block_len + 1,
+            Bet::Correction { at, .. } => at + 1,
+        }
+    }
+
+    /// The tokens after the committed ones that the pre-draft continues: the block, or its part before `at` and the
+    /// correction.
+    fn continued(self, block: &[DraftToken]) -> Vec<u32> {
+        let (kept, correction) = match self {
+            Bet::Whole => (block, None),
+            Bet::Correction { at, token } => (&block[..at], Some(token)),
+        };
+        kept.iter().map(|d| d.token).chain(correction).collect()
+    }
+
+    /// Tokens the pre-draft makes before the next block: the guess of the bonus, when betting on the block kept whole.
+    fn guess(self) -> usize {
+        usize::from(self == Bet::Whole)
+    }
+}
+
 /// The next block, when the pipelined loop drafted it while the previous one was being verified.
 enum Ahead {
     /// Not drafted (sequential loop, or no room left after this block).
     NotDrafted,
     /// The bet came true (kept whole with the bonus guessed right, or the correction it named): the pre-drafted
     /// tokens after the guess, if any, are the next block.
-    Kept(Drafted, Bet),
+    Kept(Drafted),
     /// Anything else: the pre-draft was cancelled (or its result discarded); drafting restarts from the corrected
     /// prefix, and the draft's claim rolls its cache back.
     Dropped { forward_s: f64 },
@@ -358,11 +383,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         // Room for another block if the bet comes true (kept whole: all accepted + the bonus; a correction at j: j
         // accepted + the correction), and the tokens that block may hold.
         let bet = self.bet(&block);
-        let emitted = match bet {
-            Bet::Whole => block.len() + 1,
-            Bet::Correction { at, .. } => at + 1,
-        };
-        let after = room.saturating_sub(emitted);
+        let after = room.saturating_sub(bet.emits(block.len()));
         let ahead = least.min(after)..=self.grow_to().min(after);
         let (scored, outcome, ahead) = if self.pipeline && *ahead.start() > 0 {
             let sides = (&mut self.draft, &mut self.verifier);
@@ -380,7 +401,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
         }
         match ahead {
             Ahead::NotDrafted => {}
-            Ahead::Kept(drafted, bet) => {
+            Ahead::Kept(drafted) => {
                 self.stats.predrafts_kept += 1;
                 self.stats.corrections_kept += u32::from(bet != Bet::Whole);
                 self.stats.draft_forward_s += drafted.forward_s;
@@ -388,8 +409,7 @@ impl<D: DraftSide, V: VerifierSide> Generation<D, V> {
                     f.observe_draft(tokens, seconds);
                 }
                 // Betting on a block kept whole, the first token was the guess of its bonus; the rest is the next block.
-                let guess = usize::from(bet == Bet::Whole);
-                let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(guess).collect();
+                let mut next: Vec<DraftToken> = drafted.tokens.into_iter().skip(bet.guess()).collect();
                 // Past its floor, a block grows only while the draft is sure of its tokens: each unsure token would
                 // put the next pre-draft at risk for little gain.
                 if let Some(extra) = next.get(least..) {
@@ -553,13 +573,9 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
     ahead: RangeInclusive<usize>,
     decide: impl FnOnce(&[TargetPosition]) -> BlockOutcome,
 ) -> Result<(Scored, BlockOutcome, Ahead), ServerError> {
-    let drafted_tokens = |n: usize| block[..n].iter().map(|d| d.token).collect::<Vec<_>>();
-    let (bet_on, guess) = match bet {
-        Bet::Whole => (drafted_tokens(block.len()), 1),
-        Bet::Correction { at, token } => ([drafted_tokens(at), vec![token]].concat(), 0),
-    };
+    let guess = bet.guess();
     let mut guessed = committed.clone();
-    guessed.extend(&bet_on);
+    guessed.extend(&bet.continued(block));
     let cutoff = Cutoff::default();
     let verify = verifier.verify(committed, block);
     let predraft = draft.propose(&guessed, ahead.end() + guess, Some(&cutoff));
@@ -605,7 +621,7 @@ async fn verify_drafting_ahead<D: DraftSide, V: VerifierSide>(
     let guessed_right =
         |d: &Drafted| bet != Bet::Whole || d.tokens.first().map(|t| t.token) == outcome.tokens.last().copied();
     let ahead = match result {
-        Ok(Some(d)) if d.tokens.len() >= ahead.start() + guess && guessed_right(&d) => Ahead::Kept(d, bet),
+        Ok(Some(d)) if d.tokens.len() >= ahead.start() + guess && guessed_right(&d) => Ahead::Kept(d),
         Ok(Some(d)) => Ahead::Dropped { forward_s: d.forward_s },
         Ok(None) => Ahead::NoDraft,
         Err(e) => {
