@@ -68,17 +68,27 @@ impl KvCache {
         self.layers.len() * 2 * self.n_kv_heads * self.capacity * self.head_dim * 4
     }
 
+    /// Bytes the buffers take once they hold `positions` positions (the capacity [`KvCache::reserve`] grows to),
+    /// whatever they hold now: what a session of that length costs a worker's memory budget.
+    pub fn bytes_for(&self, positions: usize) -> usize {
+        self.n_layers * 2 * self.n_kv_heads * self.capacity_for(positions) * self.head_dim * 4
+    }
+
+    fn capacity_for(&self, needed: usize) -> usize {
+        let mut capacity = self.capacity.max(INITIAL_CAPACITY);
+        while capacity < needed {
+            capacity *= 2;
+        }
+        capacity.min(self.max_len).max(needed)
+    }
+
     /// Makes room for `extra` more positions, growing every layer's buffers when needed.
     pub(crate) fn reserve(&mut self, extra: usize) -> Result<()> {
         let needed = self.len + extra;
         if needed <= self.capacity {
             return Ok(());
         }
-        let mut capacity = self.capacity.max(INITIAL_CAPACITY);
-        while capacity < needed {
-            capacity *= 2;
-        }
-        let capacity = capacity.min(self.max_len).max(needed);
+        let capacity = self.capacity_for(needed);
         let shape = (1, self.n_kv_heads, capacity, self.head_dim);
         let (hd, old_cap, len) = (self.head_dim, self.capacity, self.len);
         let mut layers = Vec::with_capacity(self.n_layers);

@@ -11,7 +11,11 @@
 //! * Chunked prefill: a long round (a prompt, a draft catching up) beside other jobs' rounds is fed in pieces of
 //!   what the row budget leaves — it counts as at most a quarter of `max_rows` for admission — so the sessions
 //!   already decoding keep getting a token per forward instead of waiting out a whole prefill; alone, it runs
-//!   whole. Its logits come with its last piece, bitwise those of one whole forward (batch invariance).
+//!   whole up to `max_piece` tokens. Its logits come with its last piece, bitwise those of one whole forward (batch
+//!   invariance).
+//! * Bounded forwards: even alone, no forward feeds more than `max_piece` tokens of one round, so a long prefill
+//!   reports progress after each piece ([`Job::fed`]), and a job whose client went away stops before its next piece —
+//!   what it fed stays in its session for the retry to claim.
 //! * A job runs in rounds, each one forward with the other admitted jobs ([`easd_model::Model::forward_batch`]:
 //!   its own KV cache and positions, bitwise the logits it would get alone). A verify is one round; a draft's
 //!   k-token proposal is k rounds, one row each after the first, so concurrent drafts advance in lock step and
@@ -25,6 +29,7 @@
 //!   request built; a draft whose client leaves stops before its next round, freeing its place.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -50,13 +55,20 @@ pub struct BatchOptions {
     pub max_rows: usize,
     /// Most requests waiting for the model thread; more wait for room (at least 1).
     pub queue: usize,
+    /// Most tokens of one round fed in one forward, even alone (at least 1): a forward's time stays bounded, so a
+    /// prefill reports progress and a cancelled one stops within a piece.
+    pub max_piece: usize,
 }
 
 impl Default for BatchOptions {
     fn default() -> Self {
-        Self { window: Duration::from_millis(2), max_rows: 64, queue: 256 }
+        Self { window: Duration::from_millis(2), max_rows: 64, queue: 256, max_piece: DEFAULT_MAX_PIECE }
     }
 }
+
+/// 256 tokens: on two cores the 1.5B target feeds them in ~5 s at the start of a context and ~20 s deep in a 32k one,
+/// well inside a call deadline, and a product of 256 rows is as fast per row as a longer one.
+pub const DEFAULT_MAX_PIECE: usize = 256;
 
 /// Input of one round of a job: `tokens` fed at the session's next position, logits for the last `rows` of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +89,8 @@ pub trait Job: Send {
     fn step(&mut self, session: &mut WorkerSession, logits: Logits, forward_seconds: f32) -> Option<Round>;
     /// Ends the job with an error for its client.
     fn fail(&mut self, error: ServerError);
+    /// Part of a round was fed: the session now holds `held` tokens (a prefill reports its progress here).
+    fn fed(&mut self, _held: usize) {}
 }
 
 /// A job with what the batcher needs to schedule it.
@@ -158,6 +172,7 @@ impl Shared {
 pub struct Batcher {
     shared: Arc<Shared>,
     room: Arc<Semaphore>,
+    forwards: Arc<AtomicU64>,
 }
 
 impl Batcher {
@@ -173,8 +188,15 @@ impl Batcher {
             queue: Mutex::new(Queue { tickets: VecDeque::new(), closed: false }),
             ready: Condvar::new(),
         });
-        let options = BatchOptions { max_rows: options.max_rows.max(1), queue: options.queue.max(1), ..options };
+        let options = BatchOptions {
+            max_rows: options.max_rows.max(1),
+            queue: options.queue.max(1),
+            max_piece: options.max_piece.max(1),
+            ..options
+        };
+        let forwards = Arc::new(AtomicU64::new(0));
         let thread = ModelThread {
+            forwards: forwards.clone(),
             shared: shared.clone(),
             model,
             options,
@@ -188,7 +210,12 @@ impl Batcher {
             .name(format!("easd-{role}-model"))
             .spawn(move || thread.run())
             .expect("spawning the model thread");
-        Self { shared, room: Arc::new(Semaphore::new(options.queue)) }
+        Self { shared, room: Arc::new(Semaphore::new(options.queue)), forwards }
+    }
+
+    /// Forwards the model thread has finished: a worker whose count moves is making progress.
+    pub fn forwards_done(&self) -> u64 {
+        self.forwards.load(Ordering::Relaxed)
     }
 
     /// Queues a job, waiting for room when the queue is full. Cancel-safe: a caller dropped while waiting leaves
@@ -241,13 +268,17 @@ struct Running {
 /// Tokens of each round that one forward feeds, in the running jobs' order (`rounds`: input tokens and logits
 /// rows). Whole rounds while they fit in `max_rows`, or when only one job runs; otherwise the rounds that cannot
 /// be split (all their tokens want logits) go whole, and the others take what the budget leaves, first come first
-/// served, stopping short of their logits rows until their last piece (0: it sits this forward out).
-fn plan_pieces(rounds: &[(usize, usize)], max_rows: usize) -> Vec<usize> {
+/// served, stopping short of their logits rows until their last piece (0: it sits this forward out). Either way a
+/// round that can be split feeds at most `max_piece` tokens.
+fn plan_pieces(rounds: &[(usize, usize)], max_rows: usize, max_piece: usize) -> Vec<usize> {
+    let splittable = |(len, rows): (usize, usize)| len > rows;
+    let cap = |(len, rows): (usize, usize), piece: usize| {
+        if splittable((len, rows)) && piece > max_piece { max_piece.min(len - rows) } else { piece }
+    };
     let total: usize = rounds.iter().map(|r| r.0).sum();
     if rounds.len() <= 1 || total <= max_rows {
-        return rounds.iter().map(|r| r.0).collect();
+        return rounds.iter().map(|&r| cap(r, r.0)).collect();
     }
-    let splittable = |(len, rows): (usize, usize)| len > rows;
     let whole: usize = rounds.iter().filter(|r| !splittable(**r)).map(|r| r.0).sum();
     let mut left = max_rows.saturating_sub(whole);
     rounds
@@ -256,7 +287,7 @@ fn plan_pieces(rounds: &[(usize, usize)], max_rows: usize) -> Vec<usize> {
             if !splittable((len, rows)) {
                 return len;
             }
-            let piece = if len <= left { len } else { left.min(len - rows) };
+            let piece = cap((len, rows), if len <= left { len } else { left.min(len - rows) });
             left -= piece;
             piece
         })
@@ -271,6 +302,7 @@ fn admission_rows(rows: usize, max_rows: usize) -> usize {
 
 struct ModelThread {
     shared: Arc<Shared>,
+    forwards: Arc<AtomicU64>,
     model: Arc<Model>,
     options: BatchOptions,
     metrics: WorkerMetrics,
@@ -390,7 +422,7 @@ impl ModelThread {
             return;
         }
         let rounds: Vec<(usize, usize)> = self.running.iter().map(|r| (r.round.tokens.len(), r.round.rows)).collect();
-        let pieces = plan_pieces(&rounds, self.options.max_rows);
+        let pieces = plan_pieces(&rounds, self.options.max_rows, self.options.max_piece);
         // A piece short of its round feeds one logits row nobody reads: the model always returns at least one.
         let logit_rows = |i: usize| if pieces[i] == rounds[i].0 { rounds[i].1 } else { 1 };
         let fed: Vec<usize> = (0..pieces.len()).filter(|&i| pieces[i] > 0).collect();
@@ -430,6 +462,7 @@ impl ModelThread {
             self.model.forward_batch(&mut items)
         };
         let seconds = started.elapsed().as_secs_f64();
+        self.forwards.fetch_add(1, Ordering::Relaxed);
         drop(spans);
         self.metrics.observe_forward_seconds(rows, seconds);
         self.metrics.observe_batch_sessions(sessions);
@@ -461,6 +494,8 @@ impl ModelThread {
             // The rest of a round fed in pieces waits for the next forward; the job sees only its last piece's logits.
             r.partial = !r.round.tokens.is_empty();
             if r.partial {
+                let held = r.session.tokens.len();
+                r.ticket.span.in_scope(|| r.ticket.job.fed(held));
                 next.push(r);
                 continue;
             }
@@ -726,21 +761,93 @@ mod tests {
     #[test]
     fn long_rounds_take_what_the_row_budget_leaves_stopping_short_of_their_logits_rows() {
         // Alone, or all fitting: whole.
-        assert_eq!(plan_pieces(&[(100, 1)], 8), [100]);
-        assert_eq!(plan_pieces(&[(5, 1), (1, 1), (2, 2)], 8), [5, 1, 2]);
+        assert_eq!(plan_pieces(&[(100, 1)], 8, 512), [100]);
+        assert_eq!(plan_pieces(&[(5, 1), (1, 1), (2, 2)], 8, 512), [5, 1, 2]);
         // Rounds that want logits for every token go whole; the long ones share the rest in arrival order.
-        assert_eq!(plan_pieces(&[(20, 1), (1, 1), (1, 1)], 8), [6, 1, 1]);
-        assert_eq!(plan_pieces(&[(1, 1), (20, 1), (20, 1), (5, 5)], 16), [1, 10, 0, 5]);
+        assert_eq!(plan_pieces(&[(20, 1), (1, 1), (1, 1)], 8, 512), [6, 1, 1]);
+        assert_eq!(plan_pieces(&[(1, 1), (20, 1), (20, 1), (5, 5)], 16, 512), [1, 10, 0, 5]);
         // A piece never reaches into the last `rows` tokens unless it is the whole round.
-        assert_eq!(plan_pieces(&[(1, 1), (9, 4)], 8), [1, 5]);
-        assert_eq!(plan_pieces(&[(1, 1), (8, 4)], 8), [1, 4]);
-        assert_eq!(plan_pieces(&[(1, 1), (7, 4)], 8), [1, 7]);
+        assert_eq!(plan_pieces(&[(1, 1), (9, 4)], 8, 512), [1, 5]);
+        assert_eq!(plan_pieces(&[(1, 1), (8, 4)], 8, 512), [1, 4]);
+        assert_eq!(plan_pieces(&[(1, 1), (7, 4)], 8, 512), [1, 7]);
         // Nothing left over: the long round sits the forward out.
-        assert_eq!(plan_pieces(&[(8, 8), (9, 1)], 8), [8, 0]);
+        assert_eq!(plan_pieces(&[(8, 8), (9, 1)], 8, 512), [8, 0]);
+        // Alone or not, a long round feeds at most `max_piece` tokens, short of its logits rows until its last piece.
+        assert_eq!(plan_pieces(&[(100, 1)], 8, 32), [32]);
+        assert_eq!(plan_pieces(&[(34, 4)], 8, 32), [30]);
+        assert_eq!(plan_pieces(&[(30, 4)], 8, 32), [30]);
+        assert_eq!(plan_pieces(&[(5, 5), (100, 1)], 64, 32), [5, 32]);
+        assert_eq!(plan_pieces(&[(40, 40)], 8, 32), [40], "a round that wants every row's logits is never split");
         // For admission a long round counts as at most a quarter of the budget.
         assert_eq!(admission_rows(125, 64), 16);
         assert_eq!(admission_rows(5, 64), 5);
         assert_eq!(admission_rows(125, 1), 1);
+    }
+
+    /// A prompt whose client leaves once `leave_after` tokens are fed; reports what it was told and when it ended.
+    struct Leaver {
+        tokens: Vec<u32>,
+        leave_after: usize,
+        left: bool,
+        fed: Arc<Mutex<Vec<usize>>>,
+        ended: Option<oneshot::Sender<()>>,
+    }
+
+    impl Job for Leaver {
+        fn cancelled(&self) -> bool {
+            self.left
+        }
+
+        fn start(&mut self, _: &mut WorkerSession) -> Result<Option<Round>, ServerError> {
+            Ok(Some(Round { tokens: self.tokens.clone(), rows: 1 }))
+        }
+
+        fn fed(&mut self, held: usize) {
+            self.fed.lock().unwrap().push(held);
+            self.left = held >= self.leave_after;
+        }
+
+        fn step(&mut self, _: &mut WorkerSession, _: Logits, _: f32) -> Option<Round> {
+            None
+        }
+
+        fn fail(&mut self, error: ServerError) {
+            panic!("prompt failed: {error}");
+        }
+    }
+
+    impl Drop for Leaver {
+        fn drop(&mut self) {
+            let _ = self.ended.take().map(|e| e.send(()));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_prompt_alone_is_fed_in_pieces_of_max_piece_with_the_logits_of_one_forward() {
+        let prompt: Vec<u32> = (1..=9).collect();
+        let (_d, whole_worker) = tiny_worker(no_window());
+        let whole = submit_prompt(&whole_worker, "p", &prompt).await.await;
+        let (_d2, worker) = tiny_worker(BatchOptions { max_piece: 4, ..no_window() });
+        let pieces = submit_prompt(&worker, "p", &prompt).await.await;
+        assert_eq!(batch_stats(&worker), (3.0, 3.0), "pieces of 4, 4 and 1 tokens");
+        assert_eq!(pieces, whole, "bitwise the logits of one forward");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_prompt_whose_client_leaves_stops_within_a_piece_and_keeps_what_it_fed() {
+        let (_d, worker) = tiny_worker(BatchOptions { max_piece: 4, ..no_window() });
+        let (ended, has_ended) = oneshot::channel();
+        let fed = Arc::new(Mutex::new(Vec::new()));
+        let job =
+            Leaver { tokens: (1..=20).collect(), leave_after: 8, left: false, fed: fed.clone(), ended: Some(ended) };
+        worker.submit(Ticket::new(session_of(&worker, "p"), "p", 20, Box::new(job))).await.unwrap();
+        has_ended.await.unwrap();
+        assert_eq!(*fed.lock().unwrap(), [4, 8], "progress after each piece, none after the client left");
+        assert_eq!(batch_stats(&worker), (2.0, 2.0), "no forward after the client left");
+        let session = session_of(&worker, "p");
+        let held = session.lock().await;
+        assert_eq!(held.tokens.tokens(), &(1..=8).collect::<Vec<u32>>()[..], "the fed pieces stay for a retry");
+        assert_eq!(held.cache.len(), 8);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

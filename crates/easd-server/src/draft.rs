@@ -16,6 +16,7 @@ use crate::batcher::{Job, Round, Ticket};
 use crate::convert::{draft_token_to_pb, sampling_from_pb};
 use crate::error::ServerError;
 use crate::limits::MAX_PROPOSAL_SUPPORT;
+use crate::prefill::{PrefillStream, prefill};
 use crate::sessions::{Claim, DrawSettings, WorkerSession};
 use crate::worker::Worker;
 
@@ -35,6 +36,7 @@ impl DraftService {
 #[tonic::async_trait]
 impl Draft for DraftService {
     type ProposeStream = ReceiverStream<Result<pb::DraftToken, Status>>;
+    type PrefillStream = PrefillStream;
 
     async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::ModelInfo>, Status> {
         Ok(Response::new(self.worker.info()))
@@ -79,6 +81,10 @@ impl Draft for DraftService {
         let rows = job.new_tokens.len();
         self.worker.submit(Ticket::new(session, &req.session_id, rows, Box::new(job))).await?;
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn prefill(&self, request: Request<pb::PrefillRequest>) -> Result<Response<PrefillStream>, Status> {
+        Ok(Response::new(prefill(&self.worker, request.into_inner()).await?))
     }
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {

@@ -32,7 +32,7 @@ pub enum ServerError {
     ResourceExhausted(String),
     #[error("model error: {0}")]
     Model(#[from] easd_model::Error),
-    #[error("worker error: {0}")]
+    #[error("worker error: {}", .0.message())]
     Worker(Status),
     #[error("internal error: {0}")]
     Internal(String),

@@ -12,6 +12,7 @@ pub mod draft;
 pub mod error;
 pub mod limits;
 pub mod local;
+pub mod prefill;
 pub mod prefix;
 pub mod serve;
 pub mod sessions;

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 use crate::batcher::{Job, Round, Ticket};
 use crate::convert::{penalty_from_alpha, sampling_from_pb, sparse_from_pb, target_position_to_pb};
 use crate::error::ServerError;
+use crate::prefill::{PrefillStream, prefill};
 use crate::sessions::{Claim, WorkerSession};
 use crate::worker::{Worker, blocking};
 
@@ -99,6 +100,12 @@ impl Verifier for VerifierService {
         })
         .await?;
         Ok(Response::new(response))
+    }
+
+    type PrefillStream = PrefillStream;
+
+    async fn prefill(&self, request: Request<pb::PrefillRequest>) -> Result<Response<PrefillStream>, Status> {
+        Ok(Response::new(prefill(&self.worker, request.into_inner()).await?))
     }
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {

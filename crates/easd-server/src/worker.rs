@@ -55,6 +55,11 @@ impl Worker {
         self.batcher.submit(ticket).await
     }
 
+    /// Forwards the model thread has finished (a prefill's heartbeat: the worker is making progress).
+    pub fn forwards_done(&self) -> u64 {
+        self.batcher.forwards_done()
+    }
+
     /// Records a session's cache size after a request (evicting over budget) and updates the cache metrics.
     pub fn checkin(&self, session_id: &str, bytes: usize) {
         let evicted = self.sessions.checkin(session_id, bytes);
@@ -116,6 +121,17 @@ impl Worker {
         if needed > limit {
             return Err(ServerError::ContextOverflow { needed, limit });
         }
+        // A session that cannot fit the whole budget would only evict every other one: refuse it precisely.
+        let budget = self.sessions.limits().budget_bytes;
+        let bytes = self.model.new_cache().bytes_for(needed);
+        if bytes > budget {
+            return Err(ServerError::ResourceExhausted(format!(
+                "a session of {needed} tokens needs {} of KV cache on this {} worker, more than its whole budget of {} (--kv-budget-mib)",
+                human_bytes(bytes),
+                self.role,
+                human_bytes(budget)
+            )));
+        }
         let model = &self.model;
         let session = self.sessions.checkout(session_id, full_context, || model.new_cache())?;
         Ok((session, Claim { len: claim_len, hash: claim_hash }))
@@ -145,6 +161,15 @@ impl Worker {
                 }
             }
         });
+    }
+}
+
+/// `bytes` in the largest binary unit that keeps it at least 1 (one decimal from GiB up).
+fn human_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30)),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b => format!("{} KiB", b >> 10),
     }
 }
 

@@ -249,9 +249,10 @@ async fn sixteen_concurrent_sessions_each_match_their_sequential_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicted_sessions_are_rebuilt_transparently() {
     let models = tiny_models(0);
-    // A one-byte budget evicts every idle session after each request of another session.
+    // A budget that holds one session's cache (128 KiB: the tiny model's first 256 positions) but not two evicts the
+    // idle sessions after each request of another session.
     let tight = LocalOptions {
-        limits: SessionLimits { budget_bytes: 1, ..SessionLimits::default() },
+        limits: SessionLimits { budget_bytes: 200 << 10, ..SessionLimits::default() },
         ..LocalOptions::default()
     };
     // Several long sessions polled together, so their requests interleave and idle sessions get evicted.

@@ -53,6 +53,11 @@ pub struct WorkerArgs {
     /// Most requests waiting for the model; more wait for room.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_queue: u64,
+    /// Most tokens of one prompt fed in one forward, even alone: a long prefill goes in pieces of this size,
+    /// reporting progress after each (the coordinator's deadline is on the next report) and stopping within one
+    /// piece when its caller leaves.
+    #[arg(long, default_value_t = easd_server::batcher::DEFAULT_MAX_PIECE as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_max_piece: u64,
     #[command(flatten)]
     pub tls: ServerTlsArgs,
     #[command(flatten)]
@@ -87,6 +92,7 @@ pub async fn run_worker(role: Role, listen: SocketAddr, model: &str, args: Worke
         window: batch_window(args.batch_window_ms)?,
         max_rows: args.batch_max_rows as usize,
         queue: args.batch_queue as usize,
+        max_piece: args.batch_max_piece as usize,
     };
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let worker = Worker::with_batching(model, limits, batch, name);

@@ -10,7 +10,10 @@
 //! * before a call is awaited, `held` is cut to the claimed prefix: whether the call then completes, fails or is
 //!   cancelled half-way (a dropped pre-draft), the worker holds at least that;
 //! * after a call succeeds, the caller records what the worker appended ([`PinnedWorker::now_holds`]);
-//! * a lost session or a new replica empties it: the next request carries the full context.
+//! * a lost session or a new replica empties it: the next request carries the full context;
+//! * a long run of new tokens (a prompt, a context resent) is fed first with `Prefill`, and `held` follows the
+//!   worker's progress reports piece by piece: a prefill cut short by a failure or a stall is resumed from what the
+//!   worker reported, never restarted from zero on the same replica.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -137,7 +140,10 @@ impl PinnedWorker {
             // Whatever happens to this call — even if it is dropped half-way — the worker keeps the claimed prefix.
             self.held.truncate(part.claimed_len());
             let result = match self.pool.ensure_checked(&replica).await {
-                Ok(()) => send(replica.clone(), part).await.map_err(|s| call_error(&replica.url, s)),
+                Ok(()) => match self.prefill(&replica, context, part).await {
+                    Ok(part) => send(replica.clone(), part).await.map_err(|s| call_error(&replica.url, s)),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             };
             match result {
@@ -165,6 +171,77 @@ impl PinnedWorker {
             role.name(),
             backoff.max_attempts
         )))
+    }
+
+    /// Feeds a long `part` (more than `prefill_above_tokens` new tokens) with `Prefill` before the call — all but the
+    /// last token, whose logits the call needs — and returns the call's part after it. `held` follows each progress
+    /// report, so a prefill that fails half-way is resumed from there. The deadline is on each report, not on the
+    /// whole prefill: a live worker reports after every piece and, while it works for other sessions, every
+    /// [`crate::prefill::HEARTBEAT`]; silence for the call timeout means the worker stalled. A worker without the
+    /// RPC (an older version) gets the whole part in the call, as before.
+    async fn prefill(
+        &mut self,
+        replica: &Arc<Replica>,
+        context: &HashedTokens,
+        part: ContextPart,
+    ) -> Result<ContextPart, ServerError> {
+        if part.new_tokens.len() <= self.pool.config.prefill_above_tokens {
+            return Ok(part);
+        }
+        let timeout = self.pool.config.call_timeout;
+        let url = &replica.url;
+        let stalled = || {
+            ServerError::DeadlineExceeded(format!(
+                "{url} made no progress for {:.1} s (the coordinator's call timeout, --call-timeout-s)",
+                timeout.as_secs_f64()
+            ))
+        };
+        let fed = part.new_tokens.len() - 1;
+        let target = context.len() - 1;
+        let started = std::time::Instant::now();
+        let mut req = tonic::Request::new(pb::PrefillRequest {
+            session_id: self.session_id.clone(),
+            claim: part.claim,
+            new_tokens: part.new_tokens[..fed].to_vec(),
+            full_context: part.full_context,
+        });
+        // A client span whose context the worker continues.
+        tracing::info_span!("prefill", otel.kind = "client", replica = %url, tokens = fed)
+            .in_scope(|| easd_telemetry::inject_context(&mut req));
+        let response = match self.pool.role {
+            Role::Draft => tokio::time::timeout(timeout, replica.draft().prefill(req)).await,
+            Role::Verifier => tokio::time::timeout(timeout, replica.verifier().prefill(req)).await,
+        };
+        let mut stream = match response.map_err(|_| stalled())? {
+            Ok(stream) => stream.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                tracing::debug!(replica = %url, "the worker has no Prefill: the call carries the whole context");
+                return Ok(context_part(&self.held, context));
+            }
+            Err(status) => return Err(call_error(url, status)),
+        };
+        loop {
+            let progress = tokio::time::timeout(timeout, stream.message())
+                .await
+                .map_err(|_| stalled())?
+                .map_err(|s| call_error(url, s))?
+                .ok_or_else(|| ServerError::Unavailable(format!("{url} ended a prefill before it was done")))?;
+            let held = progress.held as usize;
+            if held > target {
+                return Err(ServerError::Internal(format!("{url} reports {held} tokens held of {target} sent")));
+            }
+            // A heartbeat repeats what the worker held already.
+            if held > self.held.len() {
+                let from = self.held.len();
+                self.held.extend(&context.tokens()[from..held]);
+            }
+            if progress.done {
+                break;
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(session = %self.session_id, role = self.pool.role.name(), replica = %url, tokens = fed, seconds, "prefilled");
+        Ok(context_part(&self.held, context))
     }
 
     /// Another healthy replica: one that has not failed this call; a verifier takes a failed one back when it is

@@ -33,8 +33,12 @@ impl Role {
 
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
-    /// Deadline of every call to a worker.
+    /// Deadline of every call to a worker; for a prefill, of each progress report (see [`PinnedWorker::call`]).
+    ///
+    /// [`PinnedWorker::call`]: super::pinned::PinnedWorker::call
     pub call_timeout: Duration,
+    /// A call carrying more new tokens than this first feeds them with `Prefill`, in pieces with progress reports.
+    pub prefill_above_tokens: usize,
     pub connect_timeout: Duration,
     /// Period of the health checks (and of DNS re-resolution).
     pub health_interval: Duration,
@@ -51,6 +55,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             call_timeout: Duration::from_secs(60),
+            prefill_above_tokens: crate::batcher::DEFAULT_MAX_PIECE,
             connect_timeout: Duration::from_secs(3),
             health_interval: Duration::from_secs(2),
             max_sessions_per_replica: 64,
@@ -422,10 +427,16 @@ impl Pool {
 pub fn call_error(url: &str, status: tonic::Status) -> ServerError {
     use tonic::Code;
     match status.code() {
+        // tonic's answer when the grpc-timeout the caller set (the call timeout) ran out on the worker.
+        Code::Cancelled if status.message() == "Timeout expired" => ServerError::DeadlineExceeded(format!(
+            "{url} did not answer within the coordinator's call timeout (--call-timeout-s)"
+        )),
         Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Aborted => {
             ServerError::Unavailable(format!("{url} is unavailable: {}", status.message()))
         }
-        Code::DeadlineExceeded => ServerError::DeadlineExceeded(format!("{url} did not answer in time")),
+        Code::DeadlineExceeded => ServerError::DeadlineExceeded(format!(
+            "{url} did not answer within the coordinator's call timeout (--call-timeout-s)"
+        )),
         _ if error_reason(&status) == pb::ErrorReason::IncompatibleModels => {
             ServerError::Incompatible(format!("{url}: {}", status.message()))
         }

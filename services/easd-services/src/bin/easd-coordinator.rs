@@ -38,7 +38,9 @@ struct Args {
     /// `hf:OWNER/NAME/FILE.gguf[@REVISION]` or "target".
     #[arg(long, default_value = "target", env = "EASD_TOKENIZER")]
     tokenizer: String,
-    /// Deadline of each call to a worker, in seconds.
+    /// Deadline of each call to a worker, in seconds; a long prefill's deadline is on its next progress report
+    /// instead (a live worker reports at least every piece of 256 tokens), so this bounds how long a stalled worker
+    /// goes unnoticed, not how long a prompt may be.
     #[arg(long, default_value_t = 60.0)]
     call_timeout_s: f64,
     /// Period of the replicas' health checks (and DNS re-resolution), in seconds.
