@@ -27,9 +27,9 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k", "train.jsonl")
-# Characters per token of GSM8K text and of Rust code with the Qwen2.5 tokenizer (measured; the table reports the
-# prompt's real token count from the server).
-CHARS_PER_TOKEN = {"gsm8k": 3.6, "code": 3.3}
+# Characters per token of GSM8K text and of Rust code with the Qwen2.5 tokenizer: a first guess, corrected by the
+# server's own count (`sized`); the table reports each prompt's real token count.
+CHARS_PER_TOKEN = {"gsm8k": 3.0, "code": 3.3}
 QUESTION_LINE = 7099
 
 
@@ -44,10 +44,10 @@ def gsm8k_lines():
         return [json.loads(line) for line in f]
 
 
-def few_shot(problems, tokens=None, shots=None):
-    """A system prompt of worked GSM8K examples (train lines 7100 on): `shots` of them, or about `tokens` tokens."""
+def few_shot(problems, chars=None, shots=None):
+    """A system prompt of worked GSM8K examples (train lines 7100 on): `shots` of them, or about `chars` characters."""
     parts, size, i = [], 0, 7100
-    while (shots is not None and len(parts) < shots) or (tokens is not None and size < tokens * CHARS_PER_TOKEN["gsm8k"]):
+    while (shots is not None and len(parts) < shots) or (chars is not None and size < chars):
         p = problems[i % len(problems)]
         text = f"Question: {p['question']}\nAnswer: {p['answer']}\n\n"
         parts.append(text)
@@ -57,15 +57,15 @@ def few_shot(problems, tokens=None, shots=None):
     return system, problems[QUESTION_LINE]["question"]
 
 
-def code_file(tokens):
-    """About `tokens` tokens of this repository's Rust sources, and a question about them."""
+def code_file(chars):
+    """About `chars` characters of this repository's Rust sources, and a question about them."""
     sources = []
     for d in ["crates/easd-server/src", "crates/easd-server/src/coordinator", "crates/easd-model/src"]:
         for name in sorted(os.listdir(os.path.join(ROOT, d))):
             if name.endswith(".rs"):
                 with open(os.path.join(ROOT, d, name)) as f:
                     sources.append(f"// file: {d}/{name}\n" + f.read())
-    text = "\n".join(sources)[: int(tokens * CHARS_PER_TOKEN["code"])]
+    text = "\n".join(sources)[: int(chars)]
     return "You review Rust code. Here is the code:\n\n" + text, "Which function decides how many tokens each forward feeds?"
 
 
@@ -91,13 +91,16 @@ def ask_grpc(easd, url, system, question, max_tokens):
 
 def ask_openai(http, system, question, max_tokens):
     """The OpenAI API, streamed: system + user messages."""
+    with urllib.request.urlopen(f"{http}/v1/models", timeout=30) as resp:
+        model = json.load(resp)["data"][0]["id"]
     body = {
-        "model": "easd", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        "model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
     }
     req = urllib.request.Request(f"{http}/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    started, first, summary = time.time(), None, {}
+    started, first, summary, usage = time.time(), None, {}, {}
     try:
         with urllib.request.urlopen(req, timeout=3600) as resp:
             for raw in resp:
@@ -108,15 +111,53 @@ def ask_openai(http, system, question, max_tokens):
                 if first is None and any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
                     first = time.time() - started
                 summary = chunk.get("easd") or summary
+                usage = chunk.get("usage") or usage
     except urllib.error.HTTPError as e:
         return {"error": f"HTTP {e.code}: {e.read().decode()[-400:]}", "wall_s": time.time() - started}
     return {
-        "prompt_tokens": summary.get("prompt_tokens"),
+        "prompt_tokens": usage.get("prompt_tokens"),
         "ttft_s": summary.get("time_to_first_token_s", first),
-        "generated": summary.get("generated_tokens"),
+        "generated": usage.get("completion_tokens"),
         "failovers": summary.get("failovers"),
         "wall_s": time.time() - started,
     }
+
+
+def prompt_tokens(http, system, question):
+    """The prompt's tokens after the chat template, as the server counts them: a request that leaves the prompt no
+    room is refused at once with the count (CONTEXT_LENGTH_EXCEEDED), before any model work. The first answer may be
+    a lower bound from the text's size alone ("at least N tokens"); the second, leaving exactly that bound room,
+    makes the server tokenize."""
+    with urllib.request.urlopen(f"{http}/v1/models", timeout=30) as resp:
+        model = json.load(resp)["data"][0]["id"]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    context = 32768
+    max_tokens = context - 1
+    for _ in range(2):
+        body = {"model": model, "max_tokens": max_tokens, "messages": messages}
+        req = urllib.request.Request(f"{http}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=60).close()
+            raise RuntimeError("the counting request was served")
+        except urllib.error.HTTPError as e:
+            text = e.read().decode()
+        m = re.search(r"the prompt has (at least )?(\d+) tokens", text)
+        if not m:
+            break
+        if not m.group(1):
+            return int(m.group(2))
+        max_tokens = context - int(m.group(2))
+    raise RuntimeError(f"the server did not count the prompt's tokens: {text}")
+
+
+def sized(http, build, kind, tokens):
+    """`build(chars)` rescaled twice by the server's count, to about `tokens` tokens."""
+    chars = tokens * CHARS_PER_TOKEN[kind]
+    for _ in range(2):
+        system, question = build(chars)
+        chars *= tokens / prompt_tokens(http, system, question)
+    return build(chars)
 
 
 def rss_kib(pid, field):
@@ -134,10 +175,8 @@ def log_counts(path, since):
         text = re.sub(r"\x1b\[[0-9;]*m", "", f.read())
     retries = len(re.findall(r"resending the full context|replica failed|failing over", text))
     prefill = {"draft": 0.0, "verifier": 0.0}
-    for m in re.finditer(r"role=(\w+).*?seconds=([0-9.]+).*?prefilled|prefilled.*?role=(\w+).*?seconds=([0-9.]+)", text):
-        role = m.group(1) or m.group(3)
-        seconds = float(m.group(2) or m.group(4))
-        prefill[role] = prefill.get(role, 0.0) + seconds
+    for m in re.finditer(r"prefilled .*?role=\"?(\w+)\"?.*?seconds=([0-9.]+)", text):
+        prefill[m.group(1)] = prefill.get(m.group(1), 0.0) + float(m.group(2))
     return retries, prefill
 
 
@@ -162,16 +201,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     problems = gsm8k_lines()
 
-    prompts = [(f"few-shot {n}", *few_shot(problems, tokens=n)) for n in map(int, args.lengths.split(",")) if n]
-    if args.code:
-        prompts.append((f"code {args.code}", *code_file(args.code)))
-    if args.twelve_shot:
-        prompts += [("12-shot", *few_shot(problems, shots=12)), ("12-shot again", *few_shot(problems, shots=12))]
-
     grpc_port, http_port = free_port(), free_port()
     log_path = os.path.join(args.out, "up.log")
     log = open(log_path, "w")
-    env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")
+    env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")  # the `prefilled`, retry and failover lines
     up = subprocess.Popen([easd, "up", "--listen", f"127.0.0.1:{grpc_port}", "--http-listen", f"127.0.0.1:{http_port}"],
                           stdout=log, stderr=subprocess.STDOUT, env=env)
     url, http = f"http://127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
@@ -186,6 +219,12 @@ def main():
                 if up.poll() is not None or time.time() > deadline:
                     sys.exit(f"easd up did not come up; see {log_path}")
                 time.sleep(1)
+        prompts = [(f"few-shot {n}", *sized(http, lambda c: few_shot(problems, chars=c), "gsm8k", n))
+                   for n in map(int, args.lengths.split(",")) if n]
+        if args.code:
+            prompts.append((f"code {args.code}", *sized(http, code_file, "code", args.code)))
+        if args.twelve_shot:
+            prompts += [("12-shot", *few_shot(problems, shots=12)), ("12-shot again", *few_shot(problems, shots=12))]
         for name, system, question in prompts:
             for api in args.apis.split(","):
                 if name.startswith("12-shot") and api != "openai":
@@ -209,11 +248,14 @@ def main():
             up.kill()
 
     if not args.no_bench_model:
+        # Once per prompt, at the length of its first answered row (the APIs' templates differ by a few tokens).
+        benched = {}
         for r in rows:
             n = r.get("prompt_tokens")
-            if n and "bench" not in r:
-                r["bench"] = {m: bench_prefill(easd, m, n) for m in ("draft", "target")}
-                print(json.dumps({"bench": r["bench"], "tokens": n}), flush=True)
+            if n and r["name"].replace(" again", "") not in benched:
+                benched[r["name"]] = {m: bench_prefill(easd, m, n) for m in ("draft", "target")}
+                print(json.dumps({"bench": benched[r["name"]], "tokens": n}), flush=True)
+            r["bench"] = benched.get(r["name"].replace(" again", ""))
 
     print()
     print("| prompt | API | prompt tokens | time to first token (s) | draft / target prefill in the run (s) "

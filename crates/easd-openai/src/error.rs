@@ -60,7 +60,9 @@ impl Error {
                 ServerError::InvalidArgument { field, .. } => {
                     (StatusCode::BAD_REQUEST, INVALID, None, Some(openai_field(field, *endpoint).into()))
                 }
-                ServerError::ContextOverflow { .. } | ServerError::ContextLengthExceeded { .. } => (
+                ServerError::ContextOverflow { .. }
+                | ServerError::ContextLengthExceeded { .. }
+                | ServerError::KvBudgetExceeded { .. } => (
                     StatusCode::BAD_REQUEST,
                     INVALID,
                     Some("context_length_exceeded"),
@@ -70,9 +72,12 @@ impl Error {
                 ServerError::SessionNotFound(_)
                 | ServerError::PrefixMismatch { .. }
                 | ServerError::Incompatible(_)
-                | ServerError::Unavailable(_)
-                | ServerError::ResourceExhausted(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None, None),
+                | ServerError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None, None),
+                // Every replica is at capacity and the admission queue is full: OpenAI clients back off and retry a
+                // 429 (with `Retry-After`); 503 stays for "no replica can serve".
+                ServerError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "server_error", None, None),
                 ServerError::DeadlineExceeded(_) => (StatusCode::GATEWAY_TIMEOUT, "server_error", None, None),
+                ServerError::AlreadyExists(_) => (StatusCode::CONFLICT, INVALID, None, None),
                 ServerError::Worker(status) => {
                     let http = http_status_of(status.code());
                     let kind = if http.is_client_error() { INVALID } else { "server_error" };
@@ -103,6 +108,9 @@ impl IntoResponse for Error {
             response
                 .headers_mut()
                 .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }
         response
     }
@@ -183,6 +191,14 @@ mod tests {
         let e = Error::server(ServerError::Unavailable("verifier down".into()), Endpoint::Chat);
         let (status, kind, ..) = e.classify();
         assert_eq!((status, kind), (StatusCode::SERVICE_UNAVAILABLE, "server_error"));
+    }
+
+    #[test]
+    fn a_full_server_is_a_429_with_retry_after() {
+        let e = Error::server(ServerError::ResourceExhausted("the admission queue is full".into()), Endpoint::Chat);
+        let response = e.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "1");
     }
 
     #[test]

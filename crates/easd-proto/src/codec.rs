@@ -38,8 +38,8 @@ macro_rules! wire_messages {
     };
 }
 
-wire_messages!(true: InfoRequest, ProposeRequest, VerifyRequest, PrefillRequest, ReleaseRequest, GenerateRequest);
-wire_messages!(false: ModelInfo, DraftToken, VerifyResponse, PrefillProgress, ReleaseResponse, CoordinatorInfo, GenerateEvent);
+wire_messages!(true: InfoRequest, ProposeRequest, VerifyRequest, PrefillRequest, KeepAliveRequest, ReleaseRequest, GenerateRequest);
+wire_messages!(false: ModelInfo, DraftToken, VerifyResponse, PrefillProgress, KeepAliveResponse, ReleaseResponse, CoordinatorInfo, GenerateEvent);
 
 /// [`ProstCodec`] whose decoder reports undecodable requests as `INVALID_ARGUMENT` (see the module docs).
 #[derive(Debug, Clone)]

@@ -89,8 +89,9 @@ pub trait Job: Send {
     fn step(&mut self, session: &mut WorkerSession, logits: Logits, forward_seconds: f32) -> Option<Round>;
     /// Ends the job with an error for its client.
     fn fail(&mut self, error: ServerError);
-    /// Part of a round was fed: the session now holds `held` tokens (a prefill reports its progress here).
-    fn fed(&mut self, _held: usize) {}
+    /// Part of a round was fed by a forward of `forward_seconds`: the session now holds `held` tokens (a prefill
+    /// reports its progress here).
+    fn fed(&mut self, _held: usize, _forward_seconds: f32) {}
 }
 
 /// A job with what the batcher needs to schedule it.
@@ -495,7 +496,7 @@ impl ModelThread {
             r.partial = !r.round.tokens.is_empty();
             if r.partial {
                 let held = r.session.tokens.len();
-                r.ticket.span.in_scope(|| r.ticket.job.fed(held));
+                r.ticket.span.in_scope(|| r.ticket.job.fed(held, seconds as f32));
                 next.push(r);
                 continue;
             }
@@ -802,7 +803,7 @@ mod tests {
             Ok(Some(Round { tokens: self.tokens.clone(), rows: 1 }))
         }
 
-        fn fed(&mut self, held: usize) {
+        fn fed(&mut self, held: usize, _: f32) {
             self.fed.lock().unwrap().push(held);
             self.left = held >= self.leave_after;
         }

@@ -87,6 +87,13 @@ impl Draft for DraftService {
         Ok(Response::new(prefill(&self.worker, request.into_inner()).await?))
     }
 
+    async fn keep_alive(
+        &self,
+        request: Request<pb::KeepAliveRequest>,
+    ) -> Result<Response<pb::KeepAliveResponse>, Status> {
+        Ok(Response::new(self.worker.keep_alive(request.get_ref())?))
+    }
+
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
         Ok(Response::new(self.worker.release(request.get_ref())))
     }

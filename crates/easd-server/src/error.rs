@@ -22,6 +22,14 @@ pub enum ServerError {
     /// (`None`: it set no limit, and the completion needs at least one token).
     #[error("{}", context_length_exceeded(*prompt, *max_tokens, *limit))]
     ContextLengthExceeded { prompt: PromptLength, max_tokens: Option<usize>, limit: usize },
+    /// A session would need more KV cache than a worker's whole memory budget: it could only evict every other
+    /// session and still not fit. Not worth retrying: the prompt and `max_tokens`, or the budget, must change.
+    #[error(
+        "a session of {tokens} tokens needs {} of KV cache on this {role} worker, more than its whole budget of {} (--kv-budget-mib): shorten the prompt or max_tokens, or raise the budget",
+        human_bytes(*needed_bytes),
+        human_bytes(*budget_bytes)
+    )]
+    KvBudgetExceeded { tokens: usize, role: &'static str, needed_bytes: usize, budget_bytes: usize },
     #[error("incompatible models: {0}")]
     Incompatible(String),
     #[error("{0}")]
@@ -30,6 +38,8 @@ pub enum ServerError {
     DeadlineExceeded(String),
     #[error("{0}")]
     ResourceExhausted(String),
+    #[error("{0}")]
+    AlreadyExists(String),
     #[error("model error: {0}")]
     Model(#[from] easd_model::Error),
     #[error("worker error: {}", .0.message())]
@@ -48,11 +58,13 @@ impl ServerError {
             Self::InvalidArgument { .. } | Self::ContextOverflow { .. } | Self::ContextLengthExceeded { .. } => {
                 Code::InvalidArgument
             }
+            Self::KvBudgetExceeded { .. } => Code::OutOfRange,
             Self::SessionNotFound(_) => Code::NotFound,
             Self::PrefixMismatch { .. } | Self::Incompatible(_) => Code::FailedPrecondition,
             Self::Unavailable(_) => Code::Unavailable,
             Self::DeadlineExceeded(_) => Code::DeadlineExceeded,
             Self::ResourceExhausted(_) => Code::ResourceExhausted,
+            Self::AlreadyExists(_) => Code::AlreadyExists,
             Self::Worker(status) => status.code(),
             Self::Model(_) | Self::Internal(_) => Code::Internal,
         }
@@ -70,6 +82,8 @@ impl ServerError {
             | Self::Unavailable(_)
             | Self::DeadlineExceeded(_)
             | Self::ResourceExhausted(_)
+            | Self::AlreadyExists(_)
+            | Self::KvBudgetExceeded { .. }
             | Self::Model(_)
             | Self::Internal(_) => pb::ErrorReason::Unspecified,
         }
@@ -104,6 +118,15 @@ fn context_length_exceeded(prompt: PromptLength, max_tokens: Option<usize>, limi
         None => format!(
             "context length exceeded: the prompt has {prompt}, which leaves no room for a completion in the context length of {limit} tokens"
         ),
+    }
+}
+
+/// `bytes` in the largest binary unit that keeps it at least 1 (one decimal from GiB up).
+fn human_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30)),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b => format!("{} KiB", b >> 10),
     }
 }
 

@@ -40,6 +40,8 @@ pub struct LocalOptions {
     pub coordinator_addr: SocketAddr,
     /// Bearer token for the coordinator's client API.
     pub api_token: Option<String>,
+    /// The coordinator's calls to its workers: deadlines, health checks, keep-alives.
+    pub pool: crate::coordinator::pool::PoolConfig,
 }
 
 impl Default for LocalOptions {
@@ -55,6 +57,7 @@ impl Default for LocalOptions {
             default_k: crate::coordinator::request::DEFAULT_BLOCK_SIZE,
             coordinator_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
+            pool: Default::default(),
         }
     }
 }
@@ -164,6 +167,7 @@ impl LocalStack {
         config.default_k = opts.default_k;
         config.pipeline = opts.pipeline;
         config.speculation_off_at = opts.speculation_off_at;
+        config.pool = opts.pool.clone();
         let coordinator = Coordinator::connect(config, tokenizer).await?;
         let (listener, coordinator_url) = bind(opts.coordinator_addr).await?;
         let opts_server = ServerOptions { tls: None, api_token: opts.api_token.clone() };

@@ -107,8 +107,8 @@ impl Job for PrefillJob {
         Ok(Some(Round { tokens: std::mem::take(&mut self.tokens), rows: 1 }))
     }
 
-    fn fed(&mut self, held: usize) {
-        self.state.send_replace(State::Fed { held, forward_seconds: 0.0 });
+    fn fed(&mut self, held: usize, forward_seconds: f32) {
+        self.state.send_replace(State::Fed { held, forward_seconds });
     }
 
     fn step(&mut self, session: &mut WorkerSession, _logits: Logits, forward_seconds: f32) -> Option<Round> {
@@ -221,12 +221,14 @@ mod tests {
         let req =
             pb::PrefillRequest { session_id: "s".into(), claim: None, new_tokens: vec![1; 20], full_context: true };
         let error = prefill(&worker, req).await.expect_err("refused");
-        assert!(matches!(error, ServerError::ResourceExhausted(_)), "{error:?}");
+        assert!(matches!(error, ServerError::KvBudgetExceeded { .. }), "{error:?}");
         let message = error.to_string();
         assert!(
-            message.contains("a session of 20 tokens needs 128 KiB of KV cache on this verifier worker, more than its whole budget of 100 KiB (--kv-budget-mib)"),
+            message.starts_with("a session of 20 tokens needs 128 KiB of KV cache on this verifier worker, more than its whole budget of 100 KiB (--kv-budget-mib)"),
             "{message}"
         );
+        let status: Status = error.into();
+        assert_eq!(status.code(), tonic::Code::OutOfRange, "a client error, not worth retrying");
         assert_eq!(worker.sessions.stats().sessions, 0, "nothing was created");
     }
 }

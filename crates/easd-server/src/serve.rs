@@ -36,6 +36,27 @@ pub struct ServerOptions {
     pub api_token: Option<String>,
 }
 
+/// The bearer token clients must send: from the flag (or its environment variable) or from a file (its first line;
+/// a file keeps it out of `ps` and suits a Kubernetes Secret). An empty token is an error, never "no auth".
+pub fn api_token(flag: Option<String>, file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+    let token = match (flag, file) {
+        (Some(_), Some(_)) => return Err("give the API token once: --api-token or --api-token-file".into()),
+        (Some(token), None) => token,
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| format!("reading the API token from {}: {e}", path.display()))?
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
+        (None, None) => return Ok(None),
+    };
+    let token = token.trim();
+    if token.is_empty() {
+        return Err("the API token is empty: an empty token would turn authentication off; give a token or none".into());
+    }
+    Ok(Some(token.to_owned()))
+}
+
 impl ServerOptions {
     fn builder(&self) -> Result<Server, tonic::transport::Error> {
         let builder = Server::builder().trace_fn(request_span);
@@ -279,6 +300,22 @@ mod tests {
     use tokio_stream::StreamExt;
 
     use super::*;
+
+    #[test]
+    fn an_api_token_comes_from_the_flag_or_a_file_and_is_never_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        assert_eq!(api_token(None, None), Ok(None));
+        assert_eq!(api_token(Some("abc".into()), None), Ok(Some("abc".into())));
+        assert_eq!(api_token(None, Some(&file)), Ok(Some("s3cret".into())));
+        assert!(api_token(Some("abc".into()), Some(&file)).unwrap_err().contains("once"));
+        assert!(api_token(Some(" ".into()), None).unwrap_err().contains("empty"));
+        std::fs::write(&file, "\n").unwrap();
+        assert!(api_token(None, Some(&file)).unwrap_err().contains("empty"));
+        let missing = dir.path().join("missing");
+        assert!(api_token(None, Some(&missing)).unwrap_err().contains("reading the API token from"));
+    }
 
     #[tokio::test]
     async fn accepted_connections_send_small_frames_at_once() {

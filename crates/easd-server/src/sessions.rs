@@ -221,6 +221,20 @@ impl SessionTable {
         evicted
     }
 
+    /// Marks the sessions among `ids` as used now (a coordinator still holds them); returns how many were held.
+    pub fn touch(&self, ids: &[String]) -> usize {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().expect("session table poisoned");
+        let mut held = 0;
+        for id in ids {
+            if let Some(entry) = entries.get_mut(id) {
+                entry.last_used = now;
+                held += 1;
+            }
+        }
+        held
+    }
+
     pub fn release(&self, id: &str) -> bool {
         self.entries.lock().expect("session table poisoned").remove(id).is_some()
     }

@@ -125,16 +125,30 @@ impl Worker {
         let budget = self.sessions.limits().budget_bytes;
         let bytes = self.model.new_cache().bytes_for(needed);
         if bytes > budget {
-            return Err(ServerError::ResourceExhausted(format!(
-                "a session of {needed} tokens needs {} of KV cache on this {} worker, more than its whole budget of {} (--kv-budget-mib)",
-                human_bytes(bytes),
-                self.role,
-                human_bytes(budget)
-            )));
+            return Err(ServerError::KvBudgetExceeded {
+                tokens: needed,
+                role: self.role,
+                needed_bytes: bytes,
+                budget_bytes: budget,
+            });
         }
         let model = &self.model;
         let session = self.sessions.checkout(session_id, full_context, || model.new_cache())?;
         Ok((session, Claim { len: claim_len, hash: claim_hash }))
+    }
+
+    /// Most session ids one `KeepAlive` may carry (a coordinator splits longer lists).
+    pub const MAX_KEEPALIVE_IDS: usize = 4096;
+
+    pub fn keep_alive(&self, req: &pb::KeepAliveRequest) -> Result<pb::KeepAliveResponse, ServerError> {
+        if req.session_ids.len() > Self::MAX_KEEPALIVE_IDS {
+            let reason = format!("at most {} ids, got {}", Self::MAX_KEEPALIVE_IDS, req.session_ids.len());
+            return Err(ServerError::invalid("session_ids", reason));
+        }
+        for id in &req.session_ids {
+            crate::limits::validate_id("session_ids", id)?;
+        }
+        Ok(pb::KeepAliveResponse { held: self.sessions.touch(&req.session_ids) as u32 })
     }
 
     pub fn release(&self, req: &pb::ReleaseRequest) -> pb::ReleaseResponse {
@@ -161,15 +175,6 @@ impl Worker {
                 }
             }
         });
-    }
-}
-
-/// `bytes` in the largest binary unit that keeps it at least 1 (one decimal from GiB up).
-fn human_bytes(bytes: usize) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30)),
-        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
-        b => format!("{} KiB", b >> 10),
     }
 }
 

@@ -299,3 +299,125 @@ async fn coordinator_health_is_serving_only_with_a_draft_and_a_verifier() {
     }
     assert_eq!(coordinator.readiness().missing().as_deref(), Some("no draft worker is serving (0 of 1 healthy)"));
 }
+
+/// Holds a worker's model thread until `release` is sent (or dropped): requests queue behind it.
+struct Gate {
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    entered: Option<oneshot::Sender<()>>,
+}
+
+impl easd_server::batcher::Job for Gate {
+    fn cancelled(&self) -> bool {
+        false
+    }
+
+    fn start(
+        &mut self,
+        _: &mut easd_server::sessions::WorkerSession,
+    ) -> Result<Option<easd_server::batcher::Round>, easd_server::ServerError> {
+        let _ = self.entered.take().map(|e| e.send(()));
+        let _ = self.release.lock().unwrap().recv();
+        Ok(None)
+    }
+
+    fn step(
+        &mut self,
+        _: &mut easd_server::sessions::WorkerSession,
+        _: easd_model::Logits,
+        _: f32,
+    ) -> Option<easd_server::batcher::Round> {
+        None
+    }
+
+    fn fail(&mut self, _: easd_server::ServerError) {}
+}
+
+async fn hold(worker: &Worker) -> std::sync::mpsc::Sender<()> {
+    let (release, wait) = std::sync::mpsc::channel();
+    let (entered, is_in) = oneshot::channel();
+    let gate = Gate { release: std::sync::Mutex::new(wait), entered: Some(entered) };
+    let session = worker.sessions.checkout("gate", true, || worker.model.new_cache()).unwrap();
+    worker.submit(easd_server::batcher::Ticket::new(session, "gate", 1, Box::new(gate))).await.unwrap();
+    is_in.await.unwrap();
+    worker.sessions.release("gate");
+    release
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_never_see_the_clients_request_id_and_a_running_one_is_not_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = local_stack(dir.path()).await;
+    let url = stack.coordinator_url.clone();
+    let id = "client-42";
+    let req = pb::GenerateRequest { request_id: id.into(), ..request("hello") };
+
+    // The verifier holds still, so the first request is running (its draft session open) while the others arrive.
+    let release = hold(&stack.verifier_workers[0]).await;
+    let first = tokio::spawn(generate_owned(url.clone(), req.clone()));
+    let workers = [&stack.draft_worker, &stack.verifier_workers[0]];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while workers.iter().map(|w| w.sessions.stats().sessions).sum::<usize>() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the first request never reached both workers");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for w in workers {
+        assert!(!w.sessions.contains(id), "the {} worker knows the session by the coordinator's id", w.role);
+    }
+    let refused = generate(&url, req.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::AlreadyExists, "{refused:?}");
+    assert!(!refused.message().contains(id), "the error does not echo the id: {}", refused.message());
+
+    release.send(()).unwrap();
+    first.await.unwrap().expect("the first request is undisturbed");
+    generate(&url, req).await.expect("a finished request's id is free again");
+    stack.shutdown().await;
+}
+
+async fn generate_owned(url: String, req: pb::GenerateRequest) -> Result<usize, Status> {
+    generate(&url, req).await
+}
+
+/// The draft's session waits, idle, while the verifier is held for several idle timeouts (as while it prefills a
+/// long prompt): the coordinator's keep-alives keep it, and the generation goes on without resending the context.
+/// With keep-alives off, the draft sweeps the session and the next proposal has to rebuild it.
+async fn draft_session_survives_a_long_wait(keepalive: Duration) -> (u64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tokenizer) = tiny(dir.path());
+    let opts = LocalOptions {
+        limits: SessionLimits { idle_timeout: Duration::from_millis(300), ..SessionLimits::default() },
+        pool: PoolConfig {
+            health_interval: Duration::from_millis(50),
+            keepalive_interval: keepalive,
+            ..PoolConfig::default()
+        },
+        ..LocalOptions::default()
+    };
+    let stack = LocalStack::start(model.clone(), model, tokenizer, opts).await.unwrap();
+    let release = hold(&stack.verifier_workers[0]).await;
+    let url = stack.coordinator_url.clone();
+    let generation =
+        tokio::spawn(generate_owned(url, pb::GenerateRequest { max_tokens: Some(24), ..request("hello") }));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stack.draft_worker.sessions.stats().sessions == 0 {
+        assert!(std::time::Instant::now() < deadline, "the draft never got the session");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    release.send(()).unwrap();
+    generation.await.unwrap().expect("the generation finishes");
+    let swept = stack.draft_worker.sessions.stats().evictions;
+    let retries = sample_of(&stack.coordinator.metrics().encode(), r#"easd_coordinator_retries_total{target="draft"}"#);
+    stack.shutdown().await;
+    (swept, retries)
+}
+
+fn sample_of(text: &str, series: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alives_keep_a_waiting_session_from_the_idle_sweep() {
+    assert_eq!(draft_session_survives_a_long_wait(Duration::from_millis(100)).await, (0, 0.0));
+    let (swept, retries) = draft_session_survives_a_long_wait(Duration::from_secs(3600)).await;
+    assert!(swept >= 1 && retries >= 1.0, "without keep-alives the session is swept ({swept}, {retries})");
+}

@@ -62,6 +62,29 @@ pub struct WorkerArgs {
     pub tls: ServerTlsArgs,
     #[command(flatten)]
     pub metrics: MetricsArgs,
+    /// Listen beyond loopback without client authentication: anyone who reaches the port can use the worker (its
+    /// sessions, its cores). Only on a network where nothing but the coordinator can reach it.
+    #[arg(long, env = "EASD_INSECURE")]
+    pub insecure: bool,
+}
+
+/// A worker reachable beyond loopback must know its callers: mutual TLS, or the operator's explicit `--insecure`.
+pub fn check_exposure(listen: SocketAddr, tls: &ServerTlsArgs, insecure: bool) -> anyhow::Result<()> {
+    if listen.ip().is_loopback() || tls.tls_client_ca.is_some() {
+        return Ok(());
+    }
+    if !insecure {
+        anyhow::bail!(
+            "refusing to listen on {listen} (beyond loopback) without client authentication: anyone who reaches the \
+             port could use this worker. Add --tls-cert, --tls-key and --tls-client-ca (mutual TLS: only callers with a \
+             certificate from that CA, the coordinator's, get in), or --insecure if only the coordinator can reach it"
+        );
+    }
+    tracing::warn!(
+        addr = %listen,
+        "INSECURE: listening beyond loopback without client authentication (--insecure); anyone who reaches this port can use the worker"
+    );
+    Ok(())
 }
 
 /// Loads the model and serves the worker until SIGTERM / Ctrl-C.
@@ -73,6 +96,7 @@ pub async fn run_worker(role: Role, listen: SocketAddr, model: &str, args: Worke
     if role == Role::Verifier && args.head_vocab > 0 {
         anyhow::bail!("--head-vocab is for the draft: a verifier must score the whole vocabulary");
     }
+    check_exposure(listen, &args.tls, args.insecure)?;
     let options = args.tls.options(None)?;
     let metrics = args.metrics.bind().await?;
     let path = resolve_model(model, &ModelSources::from_env(None), false).context("resolving the model")?;

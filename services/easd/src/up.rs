@@ -22,13 +22,20 @@ pub struct UpArgs {
     /// Bearer token required by both APIs.
     #[arg(long, env = "EASD_API_TOKEN")]
     pub api_token: Option<String>,
+    /// File whose first line is the bearer token (kept out of `ps`).
+    #[arg(long, env = "EASD_API_TOKEN_FILE")]
+    pub api_token_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub local: LocalArgs,
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
-    let opts =
-        LocalOptions { coordinator_addr: args.listen, api_token: args.api_token.clone(), ..LocalOptions::default() };
+    // Logs on stderr as the separate services write them (`RUST_LOG`, default info; OTLP when configured): a
+    // retry, a failover or a refused request shows here.
+    let _telemetry = easd_telemetry::init("easd-up").context("initialising telemetry")?;
+    let api_token = easd_server::serve::api_token(args.api_token.clone(), args.api_token_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
+    let opts = LocalOptions { coordinator_addr: args.listen, api_token: api_token.clone(), ..LocalOptions::default() };
     let stack = args.local.start(opts).await?;
     println!("coordinator (gRPC): {}", stack.coordinator_url);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -39,7 +46,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.http_listen))?;
         println!("OpenAI-compatible HTTP API: http://{}/v1", listener.local_addr()?);
-        let config = easd_openai::HttpConfig { api_token: args.api_token.clone(), ..Default::default() };
+        let config = easd_openai::HttpConfig { api_token, ..Default::default() };
         let coordinator = stack.coordinator.clone();
         Some(tokio::spawn(async move {
             let shutdown = async {

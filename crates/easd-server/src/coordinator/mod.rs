@@ -14,7 +14,8 @@ pub mod request;
 pub mod retry;
 pub mod sides;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use easd_core::{EasdParams, validate_block_size};
@@ -33,7 +34,7 @@ use pinned::PinnedWorker;
 use pool::{Pool, PoolConfig, Role};
 pub use request::ModeKind;
 use request::{
-    DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCK, Plan, PlanContext, RequestDefaults, easd_params_to_pb, plan,
+    DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCK, Plan, PlanContext, RequestDefaults, easd_params_to_pb, new_id, plan,
     requested_mode_name,
 };
 use sides::{GrpcDraft, GrpcVerifier};
@@ -96,6 +97,29 @@ pub struct Coordinator {
     draft_info: pb::ModelInfo,
     verifier_infos: Vec<pb::ModelInfo>,
     metrics: CoordinatorMetrics,
+    /// The `request_id`s of the requests running now: a second request with one of them is refused.
+    running: Arc<Mutex<HashSet<String>>>,
+}
+
+/// A running request's hold on its `request_id`, given back when the request ends.
+struct RunningRequest {
+    id: String,
+    running: Arc<Mutex<HashSet<String>>>,
+}
+
+impl RunningRequest {
+    fn claim(running: &Arc<Mutex<HashSet<String>>>, id: &str) -> Result<Self, ServerError> {
+        if !running.lock().expect("running requests poisoned").insert(id.to_owned()) {
+            return Err(ServerError::AlreadyExists("request_id is already used by a running request".into()));
+        }
+        Ok(Self { id: id.to_owned(), running: running.clone() })
+    }
+}
+
+impl Drop for RunningRequest {
+    fn drop(&mut self) {
+        self.running.lock().expect("running requests poisoned").remove(&self.id);
+    }
 }
 
 impl Coordinator {
@@ -150,6 +174,7 @@ impl Coordinator {
             draft_info: draft_infos[0].clone(),
             verifier_infos,
             metrics,
+            running: Arc::default(),
         }))
     }
 
@@ -219,7 +244,10 @@ impl Coordinator {
     pub async fn generate(&self, plan: Plan, tx: EventSender) -> Result<pb::Summary, ServerError> {
         let mode = plan.mode.name();
         let span = tracing::info_span!("session", session_id = %plan.request_id, mode, k = plan.k);
-        let result = self.run_session(plan, &tx).instrument(span).await;
+        let result = match RunningRequest::claim(&self.running, &plan.request_id) {
+            Ok(_running) => self.run_session(plan, &tx).instrument(span).await,
+            Err(e) => Err(e),
+        };
         let status = result.as_ref().map_or_else(|e| code_name(e.code()), |_| "ok");
         self.metrics.record_request(mode, status);
         match result {
@@ -243,9 +271,11 @@ impl Coordinator {
             easd_core::Mode::Draft => None,
             _ => Some(self.verifiers.admit().await?),
         };
-        let session = || plan.request_id.clone();
-        let draft = PinnedWorker::new(self.drafts.clone(), session(), None, self.metrics.clone());
-        let verifier = PinnedWorker::new(self.verifiers.clone(), session(), lease, self.metrics.clone());
+        // The workers know the session by a secret of ours, never by the client's request_id: a guessed or reused
+        // request_id must not reach another session's caches.
+        let session = new_id();
+        let draft = PinnedWorker::new(self.drafts.clone(), session.clone(), None, self.metrics.clone());
+        let verifier = PinnedWorker::new(self.verifiers.clone(), session, lease, self.metrics.clone());
         let (draft, verifier) = (GrpcDraft::new(draft, &plan), GrpcVerifier::new(verifier, &plan));
         let pipeline = plan.pipeline;
         Generation::new(plan, draft, verifier, self.tokenizer.clone(), self.metrics.clone(), pipeline).run(tx).await

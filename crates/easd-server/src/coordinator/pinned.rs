@@ -22,7 +22,7 @@ use easd_proto::v1 as pb;
 use easd_telemetry::CoordinatorMetrics;
 use tonic::Status;
 
-use super::pool::{Lease, Pool, Replica, Role, call_error, is_transport_failure};
+use super::pool::{Lease, Pool, Replica, Role, SessionPin, call_error, is_transport_failure};
 use crate::error::{ServerError, is_session_lost};
 use crate::prefix::HashedTokens;
 
@@ -54,6 +54,8 @@ pub struct PinnedWorker {
     pool: Arc<Pool>,
     session_id: String,
     lease: Option<Lease>,
+    /// The session's entry on the replica it was last sent to: kept alive there until released.
+    pin: Option<SessionPin>,
     held: HashedTokens,
     /// Every replica that served the session, in order.
     used: Vec<String>,
@@ -65,7 +67,7 @@ impl PinnedWorker {
     /// `lease`: the replica admission chose (None: leased on the first call).
     pub fn new(pool: Arc<Pool>, session_id: String, lease: Option<Lease>, metrics: CoordinatorMetrics) -> Self {
         let used = lease.iter().map(|l| l.replica.url.clone()).collect();
-        Self { pool, session_id, lease, held: HashedTokens::default(), used, failovers: 0, metrics }
+        Self { pool, session_id, lease, pin: None, held: HashedTokens::default(), used, failovers: 0, metrics }
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -133,6 +135,9 @@ impl PinnedWorker {
                 }
             }
             let replica = self.lease.as_ref().expect("leased above").replica.clone();
+            if self.pin.as_ref().is_none_or(|p| !Arc::ptr_eq(&p.replica, &replica)) {
+                self.pin = Some(SessionPin::new(replica.clone(), &self.session_id));
+            }
             if attempt > 1 {
                 self.metrics.inc_retry(role.name());
             }
@@ -167,7 +172,7 @@ impl PinnedWorker {
         }
         let reason = last_error.map_or_else(|| "no replica was healthy".to_owned(), |e| e.to_string());
         Err(ServerError::Unavailable(format!(
-            "no {} replica could serve the session after {} attempts: {reason}",
+            "no {} replica could serve the session after {} attempts (--max-attempts): {reason}",
             role.name(),
             backoff.max_attempts
         )))
@@ -256,6 +261,7 @@ impl PinnedWorker {
     /// Frees the session's cache on the pinned replica, without making anyone wait.
     pub fn release(&mut self) {
         // The slot is freed now (the lease drops here); the cache is freed when the worker gets the request.
+        self.pin = None;
         let Some(replica) = self.lease.take().map(|lease| lease.replica.clone()) else { return };
         let req = pb::ReleaseRequest { session_id: self.session_id.clone() };
         let timeout = self.pool.config.call_timeout.min(std::time::Duration::from_secs(5));

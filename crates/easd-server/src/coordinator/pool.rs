@@ -2,9 +2,10 @@
 //! periodically), gRPC health checks that take replicas out of rotation and back, the tokenizer-compatibility
 //! check, load-aware choice (power of two choices) and bounded admission (DESIGN §3.3).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use easd_proto::v1::{self as pb, draft_client::DraftClient, verifier_client::VerifierClient};
 use easd_telemetry::CoordinatorMetrics;
@@ -48,6 +49,9 @@ pub struct PoolConfig {
     pub max_queue: usize,
     /// Retries of a failed call, and of admission while no replica is healthy.
     pub backoff: Backoff,
+    /// How often the sessions pinned to each replica are kept from its idle sweep (`KeepAlive`): well below the
+    /// workers' `--idle-timeout-s` (300 s by default), checked every health interval.
+    pub keepalive_interval: Duration,
     pub tls: Option<ClientTlsConfig>,
 }
 
@@ -61,6 +65,7 @@ impl Default for PoolConfig {
             max_sessions_per_replica: 64,
             max_queue: 256,
             backoff: Backoff::default(),
+            keepalive_interval: Duration::from_secs(60),
             tls: None,
         }
     }
@@ -74,6 +79,27 @@ pub struct Replica {
     /// Set until the replica's tokenizer has been compared with ours, and again after it was unreachable
     /// (a restarted worker may serve another model).
     needs_check: AtomicBool,
+    /// The worker session ids of this coordinator's sessions pinned here, kept alive on the worker.
+    pinned: Mutex<HashSet<String>>,
+}
+
+/// A session's entry in its replica's pinned set, removed when dropped.
+pub struct SessionPin {
+    pub replica: Arc<Replica>,
+    id: String,
+}
+
+impl SessionPin {
+    pub fn new(replica: Arc<Replica>, id: &str) -> Self {
+        replica.pinned.lock().expect("pinned sessions poisoned").insert(id.to_owned());
+        Self { replica, id: id.to_owned() }
+    }
+}
+
+impl Drop for SessionPin {
+    fn drop(&mut self) {
+        self.replica.pinned.lock().expect("pinned sessions poisoned").remove(&self.id);
+    }
 }
 
 impl Replica {
@@ -131,10 +157,6 @@ pub struct Pool {
     metrics: Option<CoordinatorMetrics>,
 }
 
-fn normalise(url: &str) -> String {
-    if url.contains("://") { url.to_owned() } else { format!("http://{url}") }
-}
-
 impl Pool {
     /// A pool over a static list of URLs; `metrics` receives its replicas' live sessions.
     pub fn new(
@@ -184,8 +206,19 @@ impl Pool {
         }
     }
 
+    /// `https` when the pool talks TLS to its workers (`--worker-ca`), else `http`.
+    fn scheme(&self) -> &'static str {
+        if self.config.tls.is_some() { "https" } else { "http" }
+    }
+
     fn add(&self, url: &str) -> Result<(), ServerError> {
-        let url = normalise(url);
+        let url = if url.contains("://") { url.to_owned() } else { format!("{}://{url}", self.scheme()) };
+        if self.config.tls.is_some() && url.starts_with("http://") {
+            return Err(ServerError::invalid(
+                self.role.name(),
+                format!("{url} is plaintext but the workers are configured for TLS (--worker-ca): use https://"),
+            ));
+        }
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| ServerError::invalid(self.role.name(), format!("bad URL {url}: {e}")))?
             .connect_timeout(self.config.connect_timeout)
@@ -202,6 +235,7 @@ impl Pool {
             live_sessions: AtomicUsize::new(0),
             healthy: AtomicBool::new(false),
             needs_check: AtomicBool::new(true),
+            pinned: Mutex::default(),
         });
         self.report_live_sessions(&replica);
         self.replicas.write().expect("pool poisoned").push(replica);
@@ -219,7 +253,7 @@ impl Pool {
         let addrs: Vec<String> = tokio::net::lookup_host(name)
             .await
             .map_err(|e| ServerError::Unavailable(format!("cannot resolve {name}: {e}")))?
-            .map(|a| format!("http://{a}"))
+            .map(|a| format!("{}://{a}", self.scheme()))
             .collect();
         let known: Vec<String> = self.replicas().iter().map(|r| r.url.clone()).collect();
         for a in addrs.iter().filter(|a| !known.contains(a)) {
@@ -410,12 +444,37 @@ impl Pool {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut kept_alive = Instant::now();
             loop {
                 tick.tick().await;
                 let Some(pool) = weak.upgrade() else { break };
                 pool.probe_all().await;
+                if kept_alive.elapsed() >= pool.config.keepalive_interval {
+                    kept_alive = Instant::now();
+                    pool.keep_alive().await;
+                }
             }
         });
+    }
+
+    /// Tells each healthy replica which of its sessions this coordinator still holds, so that a session waiting on
+    /// the other side's long call is not swept as idle. Best effort: a replica that does not answer is probed anyway.
+    pub async fn keep_alive(&self) {
+        let timeout = self.config.call_timeout.min(Duration::from_secs(5));
+        for r in self.replicas().into_iter().filter(|r| r.is_healthy()) {
+            let ids: Vec<String> = r.pinned.lock().expect("pinned sessions poisoned").iter().cloned().collect();
+            for chunk in ids.chunks(crate::worker::Worker::MAX_KEEPALIVE_IDS) {
+                let mut req = tonic::Request::new(pb::KeepAliveRequest { session_ids: chunk.to_vec() });
+                req.set_timeout(timeout);
+                let result = match self.role {
+                    Role::Draft => r.draft().keep_alive(req).await,
+                    Role::Verifier => r.verifier().keep_alive(req).await,
+                };
+                if let Err(status) = result {
+                    tracing::debug!(role = self.role.name(), url = %r.url, error = %status, "keep-alive failed");
+                }
+            }
+        }
     }
 
     pub fn queued(&self) -> usize {
@@ -461,6 +520,24 @@ mod tests {
     fn live_sessions(metrics: &CoordinatorMetrics, url: &str) -> Option<String> {
         let series = format!("easd_coordinator_live_sessions{{replica=\"{url}\"}} ");
         metrics.encode().lines().find_map(|line| line.strip_prefix(&series).map(str::to_owned))
+    }
+
+    #[tokio::test]
+    async fn a_tls_pool_refuses_plaintext_urls_and_discovers_https_ones() {
+        let tls = PoolConfig { tls: Some(ClientTlsConfig::new()), ..PoolConfig::default() };
+        let plain = ["http://127.0.0.1:1".to_owned()];
+        let Err(error) = Pool::new(Role::Verifier, &plain, "fp", tls.clone(), None) else {
+            panic!("plaintext accepted")
+        };
+        assert!(error.to_string().contains("http://127.0.0.1:1 is plaintext"), "{error}");
+        assert!(error.to_string().contains("--worker-ca"), "{error}");
+        let bare = ["127.0.0.1:1".to_owned()];
+        let pool = Pool::new(Role::Verifier, &bare, "fp", tls.clone(), None).unwrap();
+        assert_eq!(pool.replicas()[0].url, "https://127.0.0.1:1");
+        let pool = Pool::from_dns(Role::Verifier, "127.0.0.1:1", "fp", tls, None).await.unwrap();
+        assert_eq!(pool.replicas()[0].url, "https://127.0.0.1:1", "DNS discovery speaks TLS when the pool does");
+        let pool = Pool::from_dns(Role::Verifier, "127.0.0.1:1", "fp", PoolConfig::default(), None).await.unwrap();
+        assert_eq!(pool.replicas()[0].url, "http://127.0.0.1:1");
     }
 
     #[tokio::test]

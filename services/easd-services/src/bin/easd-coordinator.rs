@@ -20,7 +20,7 @@ use easd_services::{MetricsArgs, ServerTlsArgs, Shutdown, finish_telemetry, init
     about = "EASD coordinator: runs entropy-aware speculative decoding across draft and verifier workers"
 )]
 struct Args {
-    #[arg(long, default_value = "0.0.0.0:50050", env = "EASD_LISTEN")]
+    #[arg(long, default_value = "127.0.0.1:50050", env = "EASD_LISTEN")]
     listen: SocketAddr,
     /// Also serve the OpenAI-compatible HTTP API (/v1/chat/completions, …) on this address.
     #[arg(long, env = "EASD_HTTP_LISTEN")]
@@ -76,6 +76,9 @@ struct Args {
     /// Bearer token clients must send (authorization: Bearer …).
     #[arg(long, env = "EASD_API_TOKEN")]
     api_token: Option<String>,
+    /// File whose first line is the bearer token (kept out of `ps`; e.g. a mounted Secret).
+    #[arg(long, env = "EASD_API_TOKEN_FILE")]
+    api_token_file: Option<PathBuf>,
     /// PEM CA that the workers' certificates chain to: the coordinator talks TLS to its workers.
     #[arg(long, env = "EASD_WORKER_CA")]
     worker_ca: Option<PathBuf>,
@@ -105,7 +108,9 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let options = args.tls.options(args.api_token.clone())?;
+    let api_token = easd_server::serve::api_token(args.api_token.clone(), args.api_token_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
+    let options = args.tls.options(api_token.clone())?;
     let defaults = args.defaults.resolve()?;
     let metrics = args.metrics.bind().await?;
     let path = resolve_model(&args.tokenizer, &ModelSources::from_env(None), false)
@@ -151,7 +156,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let shutdown = Shutdown::on_signal();
     let http = http_listener.map(|listener| {
-        let config = easd_openai::HttpConfig { api_token: args.api_token.clone(), ..Default::default() };
+        let config = easd_openai::HttpConfig { api_token: api_token.clone(), ..Default::default() };
         tokio::spawn(easd_openai::serve(listener, coordinator.clone(), config, shutdown.clone().wait()))
     });
     tracing::info!(addr = %args.listen, "coordinator serving");

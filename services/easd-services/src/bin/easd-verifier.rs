@@ -9,8 +9,8 @@ use easd_services::{finish_telemetry, init_telemetry};
 #[derive(Parser)]
 #[command(version, about = "EASD verifier worker: scores drafted blocks with the target model")]
 struct Args {
-    /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0:50052", env = "EASD_LISTEN")]
+    /// Address to listen on (loopback by default; beyond it the worker needs mutual TLS or --insecure).
+    #[arg(long, default_value = "127.0.0.1:50052", env = "EASD_LISTEN")]
     listen: SocketAddr,
     /// GGUF path, `hf:OWNER/NAME/FILE.gguf[@REVISION]` (hub cache, else downloaded and verified;
     /// `HF_ENDPOINT`, `HF_HOME`, `HF_TOKEN` apply), or "draft" / "target" for the default pair.
