@@ -122,8 +122,7 @@ fn invalid_utf8_field(field: u32) -> Vec<u8> {
 const GARBAGE: [u8; 10] = [0x0A, 0xFF, 0xFF, 0xFF, 0x0F, 0x6B, 0x1C, 0x93, 0x00, 0x42];
 
 fn refused_count(text: &str, status: &str) -> f64 {
-    let series = format!(r#"easd_coordinator_requests_total{{mode="unknown",status="{status}"}} "#);
-    text.lines().find_map(|l| l.strip_prefix(&series)).map_or(0.0, |v| v.parse().unwrap())
+    sample_of(text, &format!(r#"easd_coordinator_requests_total{{mode="unknown",status="{status}"}}"#))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,6 +410,7 @@ async fn draft_session_survives_a_long_wait(keepalive: Duration) -> (u64, f64) {
     (swept, retries)
 }
 
+/// The value of the sample `series` (name with its labels, as printed) in a metrics text; 0 when absent.
 fn sample_of(text: &str, series: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0.0)
 }

@@ -98,25 +98,25 @@ pub struct Coordinator {
     verifier_infos: Vec<pb::ModelInfo>,
     metrics: CoordinatorMetrics,
     /// The `request_id`s of the requests running now: a second request with one of them is refused.
-    running: Arc<Mutex<HashSet<String>>>,
+    running: Mutex<HashSet<String>>,
 }
 
 /// A running request's hold on its `request_id`, given back when the request ends.
-struct RunningRequest {
+struct RunningRequest<'a> {
     id: String,
-    running: Arc<Mutex<HashSet<String>>>,
+    running: &'a Mutex<HashSet<String>>,
 }
 
-impl RunningRequest {
-    fn claim(running: &Arc<Mutex<HashSet<String>>>, id: &str) -> Result<Self, ServerError> {
+impl<'a> RunningRequest<'a> {
+    fn claim(running: &'a Mutex<HashSet<String>>, id: &str) -> Result<Self, ServerError> {
         if !running.lock().expect("running requests poisoned").insert(id.to_owned()) {
             return Err(ServerError::AlreadyExists("request_id is already used by a running request".into()));
         }
-        Ok(Self { id: id.to_owned(), running: running.clone() })
+        Ok(Self { id: id.to_owned(), running })
     }
 }
 
-impl Drop for RunningRequest {
+impl Drop for RunningRequest<'_> {
     fn drop(&mut self) {
         self.running.lock().expect("running requests poisoned").remove(&self.id);
     }
@@ -174,7 +174,7 @@ impl Coordinator {
             draft_info: draft_infos[0].clone(),
             verifier_infos,
             metrics,
-            running: Arc::default(),
+            running: Mutex::default(),
         }))
     }
 
